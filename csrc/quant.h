@@ -1,0 +1,79 @@
+// quant: GGML tensor types, their block layouts, dequantization, activation quantization and the
+// dot products that the matrix multiplications are built from.
+//
+// Every dot product has a scalar reference twin (`*_ref`); the SIMD path (AVX2 / AVX-512 / NEON, chosen
+// at compile time from the compiler's macros) must agree with it within the tolerance tests/test_quant.py
+// states. Integer sums inside a block are exact; the float accumulation across blocks is done in one fixed
+// order per kernel, so a result never depends on how many columns are computed together (batch invariance).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pyserve {
+
+// GGML type ids as they appear in GGUF tensor infos.
+enum class GGMLType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
+};
+
+constexpr int QK = 32;    // elements per block of the legacy types (Q4_0 … Q8_0)
+constexpr int QK_K = 256; // elements per super-block of the K-quants
+
+// ---- weight blocks (layouts exactly as in GGUF files; `d`, `m` are IEEE fp16 bits) ----
+struct block_q4_0 { uint16_t d; uint8_t qs[QK / 2]; };                  // 18 B / 32 values
+struct block_q4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };               // 20 B
+struct block_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };   // 22 B
+struct block_q5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; };// 24 B
+struct block_q8_0 { uint16_t d; int8_t qs[QK]; };                       // 34 B
+struct block_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };               // 144 B
+struct block_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; }; // 176 B
+struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; }; // 210 B
+
+// ---- activation blocks (pyserve's own, in memory only) ----
+// For the legacy types: 32 int8 values with a float scale; s = d * sum(qs) serves the min term of Q4_1/Q5_1.
+struct block_q8_32 { float d; float s; int8_t qs[QK]; };                 // 40 B
+// For the K-quants (as llama.cpp's Q8_K): bsums[i] = sum of qs[16*i .. 16*i+15].
+struct block_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; }; // 292 B
+
+// What a weight type's dot product wants its activation row in.
+enum class ActFormat { F32, Q8_32, Q8_K };
+
+struct TypeTraits {
+  const char* name;      // "Q4_K", …
+  int block_size;        // elements per block
+  size_t type_size;      // bytes per block
+  ActFormat act;         // activation format of its dot product
+};
+
+// Traits of a supported type, or nullptr for an unknown / unsupported id (callers raise with context).
+const TypeTraits* type_traits(uint32_t type);
+// Bytes of a row of n elements. Throws std::invalid_argument if n is not a multiple of the block size.
+size_t row_size(GGMLType t, int64_t n);
+// Bytes of an activation row of n elements in format f (n a multiple of that format's block).
+size_t act_row_size(ActFormat f, int64_t n);
+
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);
+float bf16_to_fp32(uint16_t h);
+
+// Dequantize n elements (n a multiple of the block size) of type t from src into dst. Scalar; exact to the
+// format (tests compare it to the gguf package's dequantizer).
+void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n);
+
+// Quantize an activation row of n floats into format f (F32 copies). Round to nearest, d = amax / 127.
+void quantize_act_row(ActFormat f, const float* x, void* dst, int64_t n);
+
+// Dot product of one weight row (type t, n elements) with one activation row already in
+// type_traits(t)->act format. `vec_dot` takes the SIMD path where compiled in, `vec_dot_ref` is scalar.
+float vec_dot(GGMLType t, int64_t n, const void* w_row, const void* act_row);
+float vec_dot_ref(GGMLType t, int64_t n, const void* w_row, const void* act_row);
+
+// The same dot product for ncols activation rows at once (act + c * act_stride bytes), one weight row
+// decoded once: out[c] is bit-identical to vec_dot(t, n, w_row, act + c * act_stride).
+void vec_dot_cols(GGMLType t, int64_t n, const void* w_row, const void* act, size_t act_stride, int ncols,
+                  float* out);
+
+}  // namespace pyserve

@@ -1,0 +1,1 @@
+"""pyserve: a local LLM server with a C++ GGUF engine and an OpenAI-compatible API."""
