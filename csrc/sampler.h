@@ -1,12 +1,13 @@
 // sampler: turns one row of logits into the next token, per request, with its log-probabilities.
 //
 // Order (as vLLM): logit bias → repetition / presence / frequency penalties → temperature → top-k → top-p →
-// min-p → draw. temperature == 0 is greedy (argmax after bias and penalties; ties go to the lowest id).
+// min-p → draw. temperature == 0 (< 1e-5) is greedy (argmax after bias and penalties; ties go to the lowest id).
 // Log-probabilities are always those of the raw model distribution (log-softmax of the unmodified logits),
 // as llama.cpp's n_probs and vLLM's default report them.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <utility>
@@ -15,7 +16,7 @@
 namespace pyserve {
 
 struct SamplingConfig {
-  float temperature = 1.0f;        // 0 = greedy
+  float temperature = 1.0f;        // 0 (below 1e-5, as vLLM) = greedy
   int top_k = 0;                   // <= 0: off
   float top_p = 1.0f;              // (0, 1]
   float min_p = 0.0f;              // [0, 1]
@@ -44,12 +45,49 @@ class Sampler {
   SampleResult sample(const float* logits);
 
  private:
+  // A kept prefix of the order (weight desc, id asc): {w > tau} ∪ {w == tau, id <= last}; mass = its total weight.
+  struct Cut {
+    float tau;
+    int32_t last;
+    double mass;
+  };
+  // Wanted: the first prefix with count >= top_k or mass >= top_p × the mass it applies to.
+  struct Criterion {
+    int64_t count;
+    double mass;
+    bool met(int64_t c, double m) const { return c >= count || m >= mass; }
+  };
+  struct Above {  // count and weight of {w > t}
+    int64_t count = 0;
+    double mass = 0;
+  };
+  static void above2(const float* w, int n, float t1, float t2, Above& a1, Above& a2);
+
+  const float* modified_logits(const float* logits);  // logits itself when no bias / penalty applies, else work_
+  int32_t draw_token(const float* m, float m_max, double* z);
+  Cut find_cut(const float* w, const Criterion& crit, const Cut& none_met, double z);
+  Cut refine(const float* w, const Criterion& crit, double z);
+  static std::optional<Cut> walk_sorted(const float* w, std::vector<int32_t>& ids, const Above& before,
+                                        const Criterion& crit);
+  bool guess_pivots(float lo, float hi, const Above& at_hi, const Criterion& crit, float& p1, float& p2) const;
+  int32_t draw(const float* w, const Cut& cut, float w_min);
+  void fill_logprobs(const float* logits, float lse, SampleResult& r);
+
   SamplingConfig cfg_;
   int n_vocab_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> output_counts_;  // token id → times generated
-  std::vector<uint8_t> in_prompt_;                  // [n_vocab] 1 where the token occurs in the prompt
-  std::vector<float> work_;                         // [n_vocab] scratch: the modified logits
+  std::vector<uint8_t> in_prompt_;                  // [n_vocab] 1 where the token occurs in the prompt (rep. penalty only)
+  std::vector<int32_t> prompt_ids_;                 // distinct prompt tokens, in first-seen order
+  std::vector<float> work_;                         // [n_vocab] scratch: the modified logits, then their weights
+  std::vector<int32_t> top_;                        // exact best ids of work_, sorted (when top_valid_)
+  bool top_valid_ = false;
+  std::vector<int32_t> cand_;                       // ids around a cut, or the reported top logprobs
+  std::vector<float> vals_;                         // weights of cand_
+  std::vector<float> samples_;                      // strided subsample of the weights, sorted descending
+  int sample_stride_ = 1;
+  std::vector<float> scratch_;                      // for top_ids
+  std::vector<double> blocks_;                      // kept weight per block of work_, for the draw
 };
 
 // Log-softmax helpers, exposed for tests: logsumexp of logits[n].

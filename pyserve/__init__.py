@@ -1,1 +1,14 @@
 """pyserve: a local LLM server with a C++ GGUF engine and an OpenAI-compatible API."""
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str):
+    # The engine (a compiled extension) loads on first use, so `import pyserve` stays cheap.
+    if name == "LLM":
+        from .llm import LLM
+
+        return LLM
+    raise AttributeError(name)

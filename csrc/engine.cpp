@@ -1,0 +1,227 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pyserve {
+
+namespace {
+
+int default_blocks(const HParams& hp, const EngineConfig& c) {
+  size_t per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
+  if (c.num_kv_blocks > 0) return c.num_kv_blocks;
+  if (c.kv_cache_memory > 0) return (int)std::max<size_t>(1, c.kv_cache_memory / per_block);
+  size_t by_memory = (512ull << 20) / per_block;
+  size_t for_ctx = ((size_t)c.n_ctx + c.block_size - 1) / c.block_size;
+  return (int)std::max(by_memory, for_ctx);
+}
+
+}  // namespace
+
+Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
+  file_ = std::make_shared<GGUFFile>(path);
+  model_ = std::make_unique<Model>(file_);
+  const HParams& hp = model_->hparams();
+  if (cfg_.n_ctx <= 0) cfg_.n_ctx = std::min(hp.n_ctx_train, 8192);
+  if (cfg_.block_size <= 0 || cfg_.max_num_seqs <= 0 || cfg_.max_batched_tokens <= 0)
+    throw std::invalid_argument("block_size, max_num_seqs and max_batched_tokens must be positive");
+  int nb = default_blocks(hp, cfg_);
+  pool_ = std::make_unique<ThreadPool>(cfg_.n_threads);
+  cfg_.n_threads = pool_->size();
+  cfg_.num_kv_blocks = nb;
+  kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);
+  blocks_ = std::make_unique<BlockPool>(nb);
+  SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size};
+  scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  snapshot_stats();
+  int64_t eos = file_->get_int("tokenizer.ggml.eos_token_id", -1);
+  if (eos >= 0) eos_ids_.push_back((int32_t)eos);
+}
+
+Engine::~Engine() = default;
+
+void Engine::add(Request req) {
+  const HParams& hp = model_->hparams();
+  if (req.prompt.empty()) throw std::invalid_argument("the prompt is empty");
+  for (int32_t t : req.prompt)
+    if (t < 0 || t >= hp.n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                  std::to_string(hp.n_vocab) + ")");
+  if (req.stop.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+  int64_t total = (int64_t)req.prompt.size() + req.stop.max_tokens;
+  if (total > cfg_.n_ctx)
+    throw std::invalid_argument("prompt (" + std::to_string(req.prompt.size()) + " tokens) + max_tokens (" +
+                                std::to_string(req.stop.max_tokens) + ") exceeds the context length " +
+                                std::to_string(cfg_.n_ctx));
+  if (scheduler_->blocks_needed((int)total) > blocks_->num_blocks())
+    throw std::invalid_argument("prompt + max_tokens (" + std::to_string(total) + " tokens) exceeds the KV cache (" +
+                                std::to_string((int64_t)blocks_->num_blocks() * cfg_.block_size) + " tokens)");
+  auto seq = std::make_unique<Sequence>();
+  seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
+  seq->sampler->set_prompt(req.prompt);
+  seq->id = std::move(req.id);
+  seq->n_prompt = (int)req.prompt.size();
+  seq->tokens = std::move(req.prompt);
+  seq->stop = std::move(req.stop);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (live_ids_.count(seq->id)) throw std::invalid_argument("duplicate request id '" + seq->id + "'");
+  live_ids_[seq->id] = 1;
+  inbox_add_.push_back(std::move(seq));
+}
+
+void Engine::abort(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  inbox_abort_.push_back(id);
+}
+
+void Engine::apply_pending(std::vector<StepOutput>& out) {
+  std::vector<std::unique_ptr<Sequence>> adds;
+  std::vector<std::string> aborts;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    adds.swap(inbox_add_);
+    aborts.swap(inbox_abort_);
+  }
+  for (auto& s : adds) {
+    scheduler_->add(s.get());
+    seqs_[s->id] = std::move(s);
+  }
+  for (const std::string& id : aborts) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    StepOutput o;
+    o.id = id;
+    o.finish_reason = "abort";
+    o.n_prompt = it->second->n_prompt;
+    finish(it->second.get());
+    out.push_back(std::move(o));
+  }
+}
+
+void Engine::finish(Sequence* seq) {
+  scheduler_->remove(seq);
+  seq->status = SeqStatus::FINISHED;
+  std::string id = seq->id;
+  seqs_.erase(id);
+  std::lock_guard<std::mutex> lk(mu_);
+  live_ids_.erase(id);
+}
+
+void Engine::check_stop(Sequence* seq, StepOutput& o) {
+  int32_t tok = o.token;
+  const StopConfig& st = seq->stop;
+  bool eos = !st.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), tok) != eos_ids_.end();
+  bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), tok) != st.stop_token_ids.end();
+  if (eos || stop_id) o.finish_reason = "stop";
+  else if (seq->n_generated() >= st.max_tokens || (int)seq->tokens.size() >= cfg_.n_ctx) o.finish_reason = "length";
+}
+
+std::vector<StepOutput> Engine::step() {
+  std::vector<StepOutput> out;
+  apply_pending(out);
+  std::vector<ScheduledSeq> sched = scheduler_->schedule();
+  if (sched.empty()) {
+    snapshot_stats();
+    return out;
+  }
+  batch_.clear();
+  for (const ScheduledSeq& s : sched) {
+    for (int i = 0; i < s.n_tokens; i++) {
+      int p = s.seq->n_computed + i;
+      batch_.tokens.push_back(s.seq->tokens[p]);
+      batch_.pos.push_back(p);
+      batch_.tables.push_back(&s.seq->block_table);
+    }
+    if (s.sample) batch_.logit_rows.push_back((int32_t)batch_.size() - 1);
+  }
+  model_->forward(batch_, *kv_, *pool_, logits_);
+  steps_++;
+  tokens_computed_ += batch_.size();
+  const int V = model_->hparams().n_vocab;
+  size_t row = 0;
+  for (const ScheduledSeq& s : sched) {
+    Sequence* seq = s.seq;
+    seq->n_computed += s.n_tokens;
+    if (!s.sample) continue;
+    SampleResult r = seq->sampler->sample(logits_.data() + (row++) * V);
+    seq->tokens.push_back(r.token);
+    StepOutput o{seq->id, r.token, r.logprob, std::move(r.top), "", seq->n_prompt};
+    check_stop(seq, o);
+    if (!o.finish_reason.empty()) finish(seq);
+    out.push_back(std::move(o));
+  }
+  snapshot_stats();
+  return out;
+}
+
+std::vector<StepOutput> Engine::fail_all(const std::string& what) {
+  std::vector<StepOutput> out;
+  apply_pending(out);
+  std::vector<Sequence*> live;
+  for (auto& [id, seq] : seqs_) live.push_back(seq.get());
+  for (Sequence* seq : live) {
+    StepOutput o;
+    o.id = seq->id;
+    o.finish_reason = "error: " + what;
+    o.n_prompt = seq->n_prompt;
+    finish(seq);
+    out.push_back(std::move(o));
+  }
+  snapshot_stats();
+  return out;
+}
+
+bool Engine::has_work() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return !live_ids_.empty() || !inbox_abort_.empty();
+}
+
+void Engine::snapshot_stats() {
+  EngineStats s;
+  s.running = (int)scheduler_->num_running();
+  s.waiting = (int)scheduler_->num_waiting();
+  s.blocks_total = blocks_->num_blocks();
+  s.blocks_used = blocks_->num_used();
+  s.preemptions = scheduler_->num_preemptions();
+  s.steps = steps_;
+  s.tokens_computed = tokens_computed_;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_ = s;
+}
+
+EngineStats Engine::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows) {
+  const int T = (int)tokens.size(), bs = cfg_.block_size;
+  if (T == 0) return {};
+  if (T > cfg_.n_ctx) throw std::invalid_argument("more tokens than the context length");
+  int need = (T + bs - 1) / bs;
+  if (!blocks_->can_allocate(need)) throw std::runtime_error("not enough free KV blocks");
+  std::vector<int32_t> table;
+  for (int i = 0; i < need; i++) table.push_back(blocks_->allocate());
+  Batch b;
+  for (int t = 0; t < T; t++) {
+    b.tokens.push_back(tokens[t]);
+    b.pos.push_back(t);
+    b.tables.push_back(&table);
+    if (rows.empty()) b.logit_rows.push_back(t);
+  }
+  for (int32_t r : rows) {
+    if (r < 0 || r >= T) throw std::invalid_argument("row " + std::to_string(r) + " outside the prompt");
+    b.logit_rows.push_back(r);
+  }
+  std::vector<float> logits;
+  try {
+    model_->forward(b, *kv_, *pool_, logits);
+  } catch (...) {
+    for (int blk : table) blocks_->release(blk);
+    throw;
+  }
+  for (int blk : table) blocks_->release(blk);
+  return logits;
+}
+
+}  // namespace pyserve

@@ -1,0 +1,109 @@
+// engine: add / step / abort over a model, its KV cache and the scheduler.
+//
+// add() and abort() may be called from any thread: they only enqueue, and step() applies them first,
+// so a request aborted between two steps has its blocks back in the pool before the next step runs.
+// step() itself runs on one thread at a time (the engine thread, or the caller of LLM.generate).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kv_cache.h"
+#include "model.h"
+#include "scheduler.h"
+#include "threadpool.h"
+
+namespace pyserve {
+
+struct EngineConfig {
+  int n_threads = 0;              // <= 0: one per core
+  int n_ctx = 0;                  // max tokens per sequence; <= 0: min(model's, 8192)
+  int num_kv_blocks = 0;          // > 0 wins over kv_cache_memory
+  size_t kv_cache_memory = 0;     // bytes; 0 with num_kv_blocks 0: 512 MiB, and at least n_ctx tokens
+  int block_size = 16;
+  int max_num_seqs = 64;
+  int max_batched_tokens = 512;
+};
+
+struct Request {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingConfig sampling;
+  StopConfig stop;
+};
+
+struct StepOutput {
+  std::string id;
+  int32_t token = -1;                              // the token drawn this step (-1: none, e.g. aborted)
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+  std::string finish_reason;                       // "", "stop", "length" or "abort"
+  int n_prompt = 0;
+};
+
+struct EngineStats {
+  int running = 0, waiting = 0;
+  int blocks_total = 0, blocks_used = 0;
+  uint64_t preemptions = 0, steps = 0, tokens_computed = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model. Throws GGUFError / ModelError with the file and what is wrong.
+  Engine(const std::string& path, const EngineConfig& cfg);
+  ~Engine();
+
+  const HParams& hparams() const { return model_->hparams(); }
+  const GGUFFile& file() const { return *file_; }
+  const EngineConfig& config() const { return cfg_; }
+  std::vector<int32_t> eos_ids() const { return eos_ids_; }
+  void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
+
+  // Validates (ids in the vocabulary, prompt + max_tokens within n_ctx and the pool, sampling parameters)
+  // and enqueues. Throws std::invalid_argument with the reason; a duplicate id too.
+  void add(Request req);
+  // Removes the request wherever it is; its blocks are free before the next step. Unknown ids: no-op.
+  void abort(const std::string& id);
+  // One schedule → forward → sample step. Returns one output per request that drew a token or finished.
+  std::vector<StepOutput> step();
+  bool has_work();  // thread-safe
+  // Ends every request with finish_reason "error: <what>" and frees its blocks (after a failed step).
+  std::vector<StepOutput> fail_all(const std::string& what);
+  EngineStats stats();  // thread-safe: a snapshot taken at the end of the last step
+
+  // Logits of positions `rows` (all when empty) of a fresh sequence, for scoring and tests:
+  // [rows × n_vocab]. Uses free blocks without going through the scheduler; call between steps.
+  std::vector<float> prompt_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows);
+
+ private:
+  void apply_pending(std::vector<StepOutput>& out);
+  void check_stop(Sequence* seq, StepOutput& o);
+  void finish(Sequence* seq);
+  void snapshot_stats();
+
+  EngineConfig cfg_;
+  std::shared_ptr<GGUFFile> file_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<KVCache> kv_;
+  std::unique_ptr<BlockPool> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<int32_t> eos_ids_;
+  std::map<std::string, std::unique_ptr<Sequence>> seqs_;  // owned by the step thread
+
+  std::mutex mu_;                              // guards the two inboxes and the id set below
+  std::vector<std::unique_ptr<Sequence>> inbox_add_;
+  std::vector<std::string> inbox_abort_;
+  std::map<std::string, int> live_ids_;        // ids added and not yet finished
+  EngineStats stats_;
+
+  Batch batch_;
+  std::vector<float> logits_;
+  uint64_t steps_ = 0, tokens_computed_ = 0;
+};
+
+}  // namespace pyserve

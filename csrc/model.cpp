@@ -1,0 +1,278 @@
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace pyserve {
+
+namespace {
+
+const ArchSpec ARCHS[] = {
+    // name     neox   gelu   embd_scale qk_norm post_norms sliding_window
+    {"gemma3", true, true, true, true, true, true},
+    {"llama", false, false, false, false, false, false},
+    {"qwen2", true, false, false, false, false, false},
+};
+
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> names;
+  for (const ArchSpec& a : ARCHS) names.push_back(a.name);
+  return names;
+}
+
+const ArchSpec& arch_spec(const std::string& arch) {
+  for (const ArchSpec& a : ARCHS)
+    if (arch == a.name) return a;
+  std::string list;
+  for (const std::string& n : supported_architectures()) list += (list.empty() ? "" : ", ") + n;
+  throw ModelError("unsupported architecture '" + arch + "' (supported: " + list + ")");
+}
+
+Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
+  load_hparams();
+  load_weights();
+}
+
+void Model::load_hparams() {
+  const GGUFFile& f = *file_;
+  hp_.arch = f.get_str("general.architecture");
+  spec_ = &arch_spec(hp_.arch);
+  const std::string a = hp_.arch + ".";
+  hp_.n_embd = (int)f.get_int(a + "embedding_length");
+  hp_.n_layer = (int)f.get_int(a + "block_count");
+  hp_.n_ff = (int)f.get_int(a + "feed_forward_length");
+  hp_.n_head = (int)f.get_int(a + "attention.head_count");
+  hp_.n_head_kv = (int)f.get_int(a + "attention.head_count_kv", hp_.n_head);
+  if (hp_.n_embd <= 0 || hp_.n_layer <= 0 || hp_.n_head <= 0 || hp_.n_head_kv <= 0 || hp_.n_ff <= 0 ||
+      hp_.n_head % hp_.n_head_kv || hp_.n_head / hp_.n_head_kv > 64)
+    f.fail("inconsistent hyper-parameters (embedding_length, block_count, head counts, feed_forward_length)");
+  hp_.head_dim = (int)f.get_int(a + "attention.key_length", hp_.n_embd / hp_.n_head);
+  hp_.head_dim_v = (int)f.get_int(a + "attention.value_length", hp_.head_dim);
+  if (hp_.head_dim <= 0 || hp_.head_dim_v != hp_.head_dim || hp_.head_dim % 2)
+    f.fail("unsupported head dimensions (key_length " + std::to_string(hp_.head_dim) + ", value_length " +
+           std::to_string(hp_.head_dim_v) + ")");
+  hp_.n_ctx_train = (int)f.get_int(a + "context_length", 4096);
+  hp_.eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
+  hp_.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
+  hp_.rope_dim = (int)f.get_int(a + "rope.dimension_count", hp_.head_dim);
+  if (hp_.rope_dim <= 0 || hp_.rope_dim > hp_.head_dim || hp_.rope_dim % 2) f.fail("bad rope.dimension_count");
+  std::string scaling = f.get_str(a + "rope.scaling.type", "none");
+  if (scaling == "linear") hp_.rope_freq_scale = 1.0f / (float)f.get_float(a + "rope.scaling.factor", 1.0);
+  else if (scaling != "none") f.fail("unsupported rope.scaling.type '" + scaling + "'");
+  hp_.attn_scale = 1.0f / std::sqrt((float)hp_.head_dim);
+  if (spec_->sliding_window) {
+    hp_.n_swa = (int)f.get_int(a + "attention.sliding_window", 0);
+    hp_.swa_pattern = (int)f.get_int(a + "attention.sliding_window_pattern", 6);
+    hp_.rope_base_local = 10000.f;  // gemma3's local layers use their own base (llama.cpp: rope_freq_base_train_swa)
+  }
+}
+
+Weight Model::weight(const std::string& name, int64_t n_in, int64_t n_out) const {
+  const GGUFTensor* t = file_->find(name);
+  if (!t) file_->fail("missing tensor '" + name + "'");
+  if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+    file_->fail("tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+                "], expected [" + std::to_string(n_in) + ", " + std::to_string(n_out) + "]");
+  Weight w;
+  w.type = t->type;
+  w.n_in = n_in;
+  w.n_out = n_out;
+  w.row_bytes = row_size(t->type, n_in);
+  w.data = t->data;
+  return w;
+}
+
+std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional) const {
+  const GGUFTensor* t = file_->find(name);
+  if (!t) {
+    if (optional) return {};
+    file_->fail("missing tensor '" + name + "'");
+  }
+  if (t->nelements() != n)
+    file_->fail("tensor '" + name + "' has " + std::to_string(t->nelements()) + " elements, expected " + std::to_string(n));
+  std::vector<float> out(n);
+  dequantize_row(t->type, t->data, out.data(), n);
+  return out;
+}
+
+void Model::load_weights() {
+  const GGUFTensor* emb = file_->find("token_embd.weight");
+  if (!emb) file_->fail("missing tensor 'token_embd.weight'");
+  hp_.n_vocab = (int)emb->ne[1];
+  const int E = hp_.n_embd, hd = hp_.head_dim, qd = hp_.n_head * hd, kvd = hp_.kv_dim();
+  tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
+  output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;
+  output_norm_ = vec("output_norm.weight", E);
+  layers_.resize(hp_.n_layer);
+  for (int il = 0; il < hp_.n_layer; il++) {
+    LayerWeights& L = layers_[il];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    L.attn_norm = vec(p + "attn_norm.weight", E);
+    L.ffn_norm = vec(p + "ffn_norm.weight", E);
+    L.wq = weight(p + "attn_q.weight", E, qd);
+    L.wk = weight(p + "attn_k.weight", E, kvd);
+    L.wv = weight(p + "attn_v.weight", E, kvd);
+    L.wo = weight(p + "attn_output.weight", qd, E);
+    L.bq = vec(p + "attn_q.bias", qd, true);
+    L.bk = vec(p + "attn_k.bias", kvd, true);
+    L.bv = vec(p + "attn_v.bias", kvd, true);
+    L.w_gate = weight(p + "ffn_gate.weight", E, hp_.n_ff);
+    L.w_up = weight(p + "ffn_up.weight", E, hp_.n_ff);
+    L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
+    if (spec_->qk_norm) {
+      L.q_norm = vec(p + "attn_q_norm.weight", hd);
+      L.k_norm = vec(p + "attn_k_norm.weight", hd);
+    }
+    if (spec_->post_norms) {
+      L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
+      L.post_ffn_norm = vec(p + "post_ffw_norm.weight", E);
+    }
+  }
+  std::vector<float> factors = vec("rope_freqs.weight", hp_.rope_dim / 2, true);
+  const float* ff = factors.empty() ? nullptr : factors.data();
+  rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_freq_scale, ff);
+  rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, 1.0f, ff);
+}
+
+namespace {
+
+void add_bias(float* y, const std::vector<float>& b) {
+  for (size_t i = 0; i < b.size(); i++) y[i] += b[i];
+}
+
+void grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+// Causal attention of every batch token over its own sequence's K/V, after writing the batch's K/V.
+// A work item is (token, KV head): each cached K/V row is loaded once for all the query heads that share
+// it (GQA). Items go round-robin to threads, since later tokens of a prompt attend over more positions.
+void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
+  const int T = (int)b.size(), hd = hp_.head_dim, kvd = hp_.kv_dim(), bs = kv.block_size();
+  const int group = hp_.n_head / hp_.n_head_kv, qd = hp_.n_head * hd;
+  const int window = hp_.is_local(il) ? hp_.n_swa : 0;
+  for (int t = 0; t < T; t++) {
+    const std::vector<int32_t>& tab = *b.tables[t];
+    int p = b.pos[t];
+    to_f16(k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
+    to_f16(v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
+  }
+  const int64_t items = (int64_t)T * hp_.n_head_kv;
+  auto work = [&](int ith, int nth) {
+    std::vector<float>& sc = scores_[ith];
+    for (int64_t w = ith; w < items; w += nth) {
+      const int t = (int)(w / hp_.n_head_kv), g = (int)(w % hp_.n_head_kv);
+      const std::vector<int32_t>& tab = *b.tables[t];
+      const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
+      grow(sc, (size_t)len * group);
+      const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
+      for (int j = 0; j < len; j++) {
+        const uint16_t* k = kv.k(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
+        for (int h = 0; h < group; h++) sc[(size_t)h * len + j] = hp_.attn_scale * dot_f32_f16(q + h * hd, k, hd);
+      }
+      float inv[64];  // 1 / softmax denominator per head of the group
+      for (int h = 0; h < group; h++) {
+        float* s = &sc[(size_t)h * len];
+        inv[h] = 1.0f / exp_shift_sum(s, len, *std::max_element(s, s + len));
+      }
+      float* out = attn_.data() + (size_t)t * qd + (size_t)g * group * hd;
+      std::fill(out, out + (size_t)group * hd, 0.f);
+      for (int j = 0; j < len; j++) {
+        const uint16_t* v = kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
+        for (int h = 0; h < group; h++) axpy_f16(sc[(size_t)h * len + j] * inv[h], v, out + h * hd, hd);
+      }
+    }
+  };
+  if (items <= 1) work(0, 1);
+  else pool.run(work);
+}
+
+void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.head_dim, kvd = hp_.kv_dim(), qd = hp_.n_head * hd;
+  const int64_t F = hp_.n_ff;
+  const RopeParams& rp = hp_.is_local(il) ? rope_local_ : rope_global_;
+  const float eps = hp_.eps;
+
+  pool.parallel_for(T, [&](int64_t t) { rmsnorm(&x_[t * E], L.attn_norm.data(), &h_[t * E], E, eps); }, INLINE_ROWS);
+  act_invalidate(act_);
+  matmul_group(pool, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, h_.data(), T, act_);
+  pool.parallel_for(T, [&](int64_t t) {
+    float* q = &q_[t * qd];
+    float* k = &k_[t * kvd];
+    add_bias(q, L.bq);
+    add_bias(k, L.bk);
+    add_bias(&v_[t * kvd], L.bv);
+    if (spec_->qk_norm) {
+      rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
+      rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
+    }
+    rope(q, hp_.n_head, b.pos[t], rp);
+    rope(k, hp_.n_head_kv, b.pos[t], rp);
+  }, INLINE_ROWS);
+  attention(il, b, kv, pool);
+  act_invalidate(act_);
+  matmul(pool, L.wo, attn_.data(), T, o_.data(), act_);
+
+  pool.parallel_for(T, [&](int64_t t) {
+    float* o = &o_[t * E];
+    if (spec_->post_norms) rmsnorm(o, L.post_attn_norm.data(), o, E, eps);
+    for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
+    rmsnorm(&x_[t * E], L.ffn_norm.data(), &h_[t * E], E, eps);
+  }, INLINE_ROWS);
+  act_invalidate(act_);
+  matmul_group(pool, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, h_.data(), T, act_);
+  pool.parallel_for(T, [&](int64_t t) {
+    if (spec_->gelu) gelu_mul(&gate_[t * F], &up_[t * F], F);
+    else silu_mul(&gate_[t * F], &up_[t * F], F);
+  }, INLINE_ROWS);
+  act_invalidate(act_);
+  matmul(pool, L.w_down, gate_.data(), T, o_.data(), act_);
+  pool.parallel_for(T, [&](int64_t t) {
+    float* o = &o_[t * E];
+    if (spec_->post_norms) rmsnorm(o, L.post_ffn_norm.data(), o, E, eps);
+    for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
+  }, INLINE_ROWS);
+}
+
+void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits) {
+  const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim;
+  if (T == 0) return;
+  for (int t = 0; t < T; t++)
+    if (b.tokens[t] < 0 || b.tokens[t] >= hp_.n_vocab)
+      throw ModelError("token id " + std::to_string(b.tokens[t]) + " is outside the vocabulary of " +
+                       std::to_string(hp_.n_vocab));
+  grow(x_, (size_t)T * E);
+  grow(h_, (size_t)T * E);
+  grow(o_, (size_t)T * E);
+  grow(q_, (size_t)T * qd);
+  grow(attn_, (size_t)T * qd);
+  grow(k_, (size_t)T * hp_.kv_dim());
+  grow(v_, (size_t)T * hp_.kv_dim());
+  grow(gate_, (size_t)T * hp_.n_ff);
+  grow(up_, (size_t)T * hp_.n_ff);
+  scores_.resize(pool.size());
+
+  const float scale = spec_->embd_scale ? std::sqrt((float)E) : 1.0f;
+  pool.parallel_for(T, [&](int64_t t) {
+    float* x = &x_[t * E];
+    dequantize_row(tok_embd_.type, tok_embd_.row(b.tokens[t]), x, E);
+    if (scale != 1.0f)
+      for (int i = 0; i < E; i++) x[i] *= scale;
+  }, INLINE_ROWS);
+  for (int il = 0; il < hp_.n_layer; il++) layer(il, b, kv, pool);
+
+  const int R = (int)b.logit_rows.size();
+  grow(final_, (size_t)R * E);
+  for (int r = 0; r < R; r++) rmsnorm(&x_[(size_t)b.logit_rows[r] * E], output_norm_.data(), &final_[(size_t)r * E], E, hp_.eps);
+  logits.resize((size_t)R * hp_.n_vocab);
+  act_invalidate(act_);
+  matmul(pool, output_, final_.data(), R, logits.data(), act_);
+}
+
+}  // namespace pyserve

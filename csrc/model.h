@@ -1,0 +1,113 @@
+// model: a decoder-only transformer read from a GGUF file — its hyper-parameters, its weights (pointers
+// into the mapping), and its batched forward pass.
+//
+// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, SmolLM2, TinyLlama), qwen2. They share one
+// layer graph; ArchSpec holds what differs (norms around the blocks, q/k norms, biases, RoPE layout,
+// activation, embedding scale, sliding-window layers).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf.h"
+#include "kv_cache.h"
+#include "ops.h"
+#include "threadpool.h"
+
+namespace pyserve {
+
+class ModelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ArchSpec {
+  const char* name;
+  bool neox_rope;        // RoPE pairs (i, i+d/2) rather than (2i, 2i+1)
+  bool gelu;             // GELU-tanh gate (gemma) rather than SiLU
+  bool embd_scale;       // multiply embeddings by sqrt(n_embd)
+  bool qk_norm;          // per-head RMS norm on q and k
+  bool post_norms;       // RMS norm after attention and after the FFN, before the residual add
+  bool sliding_window;   // local layers attend to the last n_swa positions
+};
+// The spec of `arch`, or throws ModelError listing the supported architectures.
+const ArchSpec& arch_spec(const std::string& arch);
+std::vector<std::string> supported_architectures();
+
+struct HParams {
+  std::string arch;
+  int n_vocab = 0;
+  int n_embd = 0;        // model width
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;      // key/query width per head
+  int head_dim_v = 0;    // value width per head
+  int n_ff = 0;          // FFN inner width
+  int n_ctx_train = 0;   // context length the model was trained for
+  float eps = 1e-6f;     // RMS norm epsilon
+  float rope_base = 10000.f, rope_base_local = 10000.f, rope_freq_scale = 1.f;
+  int rope_dim = 0;
+  int n_swa = 0;         // sliding window (tokens), 0 = none
+  int swa_pattern = 0;   // every swa_pattern-th layer is global (gemma3: 6)
+  float attn_scale = 0.f;// multiplies q·k
+  int kv_dim() const { return n_head_kv * head_dim; }
+  bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;                 // [n_embd]
+  std::vector<float> q_norm, k_norm;                      // [head_dim] (qk_norm)
+  std::vector<float> post_attn_norm, post_ffn_norm;       // [n_embd] (post_norms)
+  std::vector<float> bq, bk, bv;                          // [n_head*hd], [kv_dim], [kv_dim] or empty
+  Weight wq, wk, wv, wo;                                  // [n_head*hd × n_embd], [kv_dim × n_embd] ×2, [n_embd × n_head*hd_v]
+  Weight w_gate, w_up, w_down;                            // [n_ff × n_embd] ×2, [n_embd × n_ff]
+};
+
+// One engine step's tokens, from any number of sequences.
+struct Batch {
+  std::vector<int32_t> tokens;                        // [T] token ids
+  std::vector<int32_t> pos;                           // [T] position of each token in its sequence
+  std::vector<const std::vector<int32_t>*> tables;    // [T] block table of each token's sequence
+  std::vector<int32_t> logit_rows;                    // rows of [0, T) whose logits are wanted, in order
+  size_t size() const { return tokens.size(); }
+  void clear() { tokens.clear(); pos.clear(); tables.clear(); logit_rows.clear(); }
+};
+
+class Model {
+ public:
+  // Reads hyper-parameters and weights from an open file. Throws ModelError (file, tensor, what) on a
+  // missing tensor, a shape that disagrees with the metadata, or an unsupported architecture.
+  explicit Model(std::shared_ptr<const GGUFFile> file);
+
+  const HParams& hparams() const { return hp_; }
+  const GGUFFile& file() const { return *file_; }
+
+  // Runs the batch: writes K/V of every token into `kv` through its table (blocks must be allocated),
+  // then fills logits[logit_rows.size() × n_vocab]. Throws ModelError on a token id outside the vocabulary.
+  void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits);
+
+ private:
+  void load_hparams();
+  void load_weights();
+  Weight weight(const std::string& name, int64_t n_in, int64_t n_out) const;
+  std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
+  void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);
+  void layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool);
+
+  std::shared_ptr<const GGUFFile> file_;
+  const ArchSpec* spec_ = nullptr;
+  HParams hp_;
+  Weight tok_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<LayerWeights> layers_;
+  RopeParams rope_global_, rope_local_;
+
+  // Work buffers, [T × width], reused across steps.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, final_;
+  std::vector<std::vector<float>> scores_;  // per thread: [context] attention weights
+  ActBuffer act_;
+};
+
+}  // namespace pyserve

@@ -1,0 +1,238 @@
+#include "ops.h"
+
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace pyserve {
+
+void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+  float scale = 1.0f / std::sqrt(ss / (float)n + eps);
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+void rmsnorm_heads(float* x, const float* w, int n_heads, int head_dim, float eps) {
+  for (int h = 0; h < n_heads; h++) rmsnorm(x + h * head_dim, w, x + h * head_dim, head_dim, eps);
+}
+
+float gelu_tanh(float x) {
+  const float c = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+namespace {
+
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x for 8 floats: 2^n · p(r), x = n·ln2 + r, |r| <= ln2/2, p of degree 6 (relative error ~2e-7).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+inline __m256 sigmoid8(__m256 z) {
+  __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), z))));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+#endif
+
+}  // namespace
+
+void gelu_mul(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 c2 = _mm256_set1_ps(2.0f * 0.7978845608028654f), a = _mm256_set1_ps(0.044715f);
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_loadu_ps(g + i);
+    __m256 y = _mm256_mul_ps(c2, _mm256_fmadd_ps(_mm256_mul_ps(a, x), _mm256_mul_ps(x, x), x));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(y)), _mm256_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; i++) g[i] = gelu_tanh(g[i]) * u[i];
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_loadu_ps(g + i);
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), _mm256_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; i++) g[i] = silu(g[i]) * u[i];
+}
+
+float exp_shift_sum(float* x, int64_t n, float mx) {
+  int64_t i = 0;
+  float sum = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps(), m = _mm256_set1_ps(mx);
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum8(acc);
+#endif
+  for (; i < n; i++) sum += (x[i] = std::exp(x[i] - mx));
+  return sum;
+}
+
+RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, float freq_scale, const float* factors) {
+  RopeParams p;
+  p.head_dim = head_dim;
+  p.rope_dim = rope_dim;
+  p.neox = neox;
+  p.inv_freq.resize(rope_dim / 2);
+  for (int i = 0; i < rope_dim / 2; i++) {
+    double f = (double)freq_scale * std::pow((double)base, -2.0 * i / rope_dim);
+    p.inv_freq[i] = factors ? f / factors[i] : f;
+  }
+  return p;
+}
+
+void rope(float* x, int n_heads, int pos, const RopeParams& p) {
+  const int half = p.rope_dim / 2;
+  for (int i = 0; i < half; i++) {
+    double theta = (double)pos * p.inv_freq[i];
+    float c = (float)std::cos(theta), s = (float)std::sin(theta);
+    int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
+    for (int h = 0; h < n_heads; h++) {
+      float* v = x + h * p.head_dim;
+      float x0 = v[a], x1 = v[b];
+      v[a] = x0 * c - x1 * s;
+      v[b] = x0 * s + x1 * c;
+    }
+  }
+}
+
+float dot_f32_f16(const float* a, const uint16_t* h, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.f;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    __m256 h0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i)));
+    __m256 h1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i + 8)));
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), h0, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), h1, acc1);
+  }
+  __m256 acc = _mm256_add_ps(acc0, acc1);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  sum = _mm_cvtss_f32(r);
+#endif
+  for (; i < n; i++) sum += a[i] * fp16_to_fp32(h[i]);
+  return sum;
+}
+
+void axpy_f16(float a, const uint16_t* h, float* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  __m256 va = _mm256_set1_ps(a);
+  for (; i + 8 <= n; i += 8) {
+    __m256 hv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i)));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, hv, _mm256_loadu_ps(y + i)));
+  }
+#endif
+  for (; i < n; i++) y[i] += a * fp16_to_fp32(h[i]);
+}
+
+void to_f16(const float* x, uint16_t* h, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; i++) h[i] = fp32_to_fp16(x[i]);
+}
+
+void act_invalidate(ActBuffer& act) { act.source = nullptr; }
+
+namespace {
+
+// Quantizes x[T, n] into act (parallel over rows) unless it already holds exactly that.
+void quantize_input(ThreadPool& pool, ActFormat f, const float* x, int64_t T, int64_t n, ActBuffer& act) {
+  if (act.source == x && act.format == f && act.rows == T && act.n == n) return;
+  size_t stride = act_row_size(f, n);
+  if (act.data.size() < stride * T) act.data.resize(stride * T);
+  uint8_t* dst = act.data.data();
+  pool.parallel_for(T, [&](int64_t t) { quantize_act_row(f, x + t * n, dst + t * stride, n); }, INLINE_ROWS);
+  act.source = x;
+  act.format = f;
+  act.rows = T;
+  act.n = n;
+}
+
+constexpr int64_t ROW_TILE = 16;  // weight rows kept hot in L1 while the token columns stream past
+constexpr int COL_TILE = 8;       // token columns per vec_dot_cols call
+
+}  // namespace
+
+void matmul(ThreadPool& pool, const Weight& W, const float* x, int64_t T, float* y, ActBuffer& act) {
+  matmul_group(pool, {{&W, y}}, x, T, act);
+}
+
+void matmul_group(ThreadPool& pool, const std::vector<MatmulOut>& outs, const float* x, int64_t T, ActBuffer& act) {
+  if (T == 0 || outs.empty()) return;
+  const ActFormat f = type_traits((uint32_t)outs[0].w->type)->act;
+  for (const MatmulOut& o : outs) {
+    if (type_traits((uint32_t)o.w->type)->act != f || o.w->n_in != outs[0].w->n_in) {
+      for (const MatmulOut& one : outs) matmul_group(pool, {one}, x, T, act);
+      return;
+    }
+  }
+  const int64_t n = outs[0].w->n_in;
+  quantize_input(pool, f, x, T, n, act);
+  const size_t stride = act_row_size(f, n);
+  const uint8_t* a = act.data.data();
+  // Tiles of all the weights in one index space: tile g is (weight i, rows [r0, r0 + ROW_TILE)).
+  std::vector<int64_t> first_tile(outs.size() + 1, 0);
+  for (size_t i = 0; i < outs.size(); i++)
+    first_tile[i + 1] = first_tile[i] + (outs[i].w->n_out + ROW_TILE - 1) / ROW_TILE;
+  pool.run([&](int ith, int nth) {
+    auto [g0, g1] = ThreadPool::share(first_tile.back(), ith, nth);
+    float out[COL_TILE];
+    size_t i = 0;
+    for (int64_t g = g0; g < g1; g++) {
+      while (g >= first_tile[i + 1]) i++;
+      const Weight& W = *outs[i].w;
+      float* y = outs[i].y;
+      const int64_t m = W.n_out, r0 = (g - first_tile[i]) * ROW_TILE, r1 = std::min(m, r0 + ROW_TILE);
+      for (int64_t t0 = 0; t0 < T; t0 += COL_TILE) {
+        int nc = (int)std::min<int64_t>(COL_TILE, T - t0);
+        for (int64_t r = r0; r < r1; r++) {
+          vec_dot_cols(W.type, n, W.row(r), a + t0 * stride, stride, nc, out);
+          for (int c = 0; c < nc; c++) y[(t0 + c) * m + r] = out[c];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace pyserve

@@ -1,0 +1,78 @@
+// ops: the element-wise and row-wise operations of a forward pass, and the quantized matrix product.
+// Every reduction runs in one fixed order per output element, whatever the batch size.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quant.h"
+#include "threadpool.h"
+
+namespace pyserve {
+
+// Batches of at most this many rows do their element-wise work on the calling thread: a barrier costs
+// more than a few rows of it.
+constexpr int64_t INLINE_ROWS = 4;
+
+// A 2-D weight in the file: rows of `n_in` elements of `type`, `n_out` rows.
+struct Weight {
+  GGMLType type = GGMLType::F32;
+  int64_t n_in = 0, n_out = 0;
+  size_t row_bytes = 0;
+  const uint8_t* data = nullptr;  // [n_out][row_bytes], into the mapped file
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
+};
+
+// y[T, n] = x[T, n] / rms(x) * w[n]; in place allowed.
+void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps);
+// Per-head RMS norm of x[n_heads, head_dim] in place with w[head_dim].
+void rmsnorm_heads(float* x, const float* w, int n_heads, int head_dim, float eps);
+
+float gelu_tanh(float x);
+float silu(float x);
+// g[i] = act(g[i]) * u[i] for n values: GELU (tanh form, written as x·sigmoid(2y)) or SiLU; vectorized.
+void gelu_mul(float* g, const float* u, int64_t n);
+void silu_mul(float* g, const float* u, int64_t n);
+// x[i] = exp(x[i] - mx) for n values; returns their sum (fixed order). Vectorized.
+float exp_shift_sum(float* x, int64_t n, float mx);
+
+struct RopeParams {
+  int head_dim = 0;             // elements per head
+  int rope_dim = 0;             // leading elements of each head that rotate (<= head_dim)
+  bool neox = false;            // rotate pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
+  std::vector<double> inv_freq;  // [rope_dim/2] angle per position, radians
+};
+// inv_freq[i] = freq_scale * base^(-2i/rope_dim) / factors[i] (factors: llama3-style, may be null).
+RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, float freq_scale, const float* factors);
+// Rotates x[n_heads, head_dim] for position pos in place.
+void rope(float* x, int n_heads, int pos, const RopeParams& p);
+
+// Scratch for the quantized activations of one matmul input, reused across calls.
+struct ActBuffer {
+  std::vector<uint8_t> data;
+  ActFormat format = ActFormat::F32;
+  const float* source = nullptr;  // the float rows last quantized (to skip repeat work for Q, K, V)
+  int64_t rows = 0, n = 0;
+};
+
+// y[T, W.n_out] = x[T, W.n_in] · Wᵀ, split over the pool by weight rows. `act` caches the quantized x:
+// consecutive calls with the same x and format reuse it (call act_invalidate when x changes in place).
+void matmul(ThreadPool& pool, const Weight& W, const float* x, int64_t T, float* y, ActBuffer& act);
+
+// Several products of the same x (Q, K and V; gate and up) in one pass over the pool: one barrier
+// instead of one per weight. Falls back to one pass each when their activation formats differ.
+struct MatmulOut {
+  const Weight* w;
+  float* y;  // [T, w->n_out]
+};
+void matmul_group(ThreadPool& pool, const std::vector<MatmulOut>& outs, const float* x, int64_t T, ActBuffer& act);
+void act_invalidate(ActBuffer& act);
+
+// Σ a[i]·h[i] with h in fp16, fixed order (attention scores against the fp16 KV cache).
+float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
+// y[i] += a · h[i], h in fp16 (attention's weighted sum of V).
+void axpy_f16(float a, const uint16_t* h, float* y, int64_t n);
+// fp32 → fp16 for n values (K/V into the cache).
+void to_f16(const float* x, uint16_t* h, int64_t n);
+
+}  // namespace pyserve

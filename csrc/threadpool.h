@@ -1,0 +1,62 @@
+// threadpool: a fixed team of threads that run one function together, fork-join, many times per
+// forward pass. Workers spin briefly between jobs (a forward pass issues hundreds of them) and sleep on
+// a condition variable when the engine is idle, so an idle server costs no CPU.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace pyserve {
+
+class ThreadPool {
+ public:
+  // n_threads in total, the calling thread included (n_threads <= 0: one per hardware thread).
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_; }
+  // Runs fn(ith, nth) on every thread, the caller as ith 0, and returns when all have finished.
+  // Not reentrant: fn must not call run().
+  void run(const std::function<void(int, int)>& fn);
+
+  // [begin, end) of thread ith's contiguous share of n items.
+  static std::pair<int64_t, int64_t> share(int64_t n, int ith, int nth) {
+    int64_t per = (n + nth - 1) / nth;
+    int64_t b = std::min<int64_t>(n, per * ith);
+    return {b, std::min<int64_t>(n, b + per)};
+  }
+  // fn(i) for i in [0, n), split in contiguous shares; on the caller alone when n <= inline_upto (a
+  // barrier costs more than a few rows of element-wise work).
+  template <typename F>
+  void parallel_for(int64_t n, F&& fn, int64_t inline_upto = 0) {
+    if (n <= inline_upto || n_ == 1) {
+      for (int64_t i = 0; i < n; i++) fn(i);
+      return;
+    }
+    run([&](int ith, int nth) {
+      auto [b, e] = share(n, ith, nth);
+      for (int64_t i = b; i < e; i++) fn(i);
+    });
+  }
+
+ private:
+  void worker(int ith);
+  int n_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace pyserve

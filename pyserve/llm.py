@@ -1,0 +1,102 @@
+"""LLM: the offline API (shaped like vLLM's). Many prompts run through the engine's scheduler at once."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _engine
+from .model_source import resolve_model
+from .output_processor import RequestState
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+from .tokenizer import Tokenizer
+
+PromptType = Union[str, dict]
+
+
+class LLM:
+    """A model loaded into the C++ engine, with its tokenizer.
+
+    LLM(model=None) loads the default model; `model` is a GGUF path otherwise. Engine options: n_threads
+    (default one per core), n_ctx, num_kv_blocks / kv_cache_memory, max_num_seqs, max_num_batched_tokens.
+    """
+
+    def __init__(self, model: Optional[str] = None, *, n_threads: int = 0, n_ctx: int = 0, num_kv_blocks: int = 0,
+                 kv_cache_memory: int = 0, block_size: int = 16, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 512):
+        self.model_path = resolve_model(model)
+        self.engine = _engine.Engine(self.model_path, n_threads=n_threads, n_ctx=n_ctx, num_kv_blocks=num_kv_blocks,
+                                     kv_cache_memory=kv_cache_memory, block_size=block_size,
+                                     max_num_seqs=max_num_seqs, max_batched_tokens=max_num_batched_tokens)
+        self.tokenizer = Tokenizer.from_gguf_metadata(self.engine.metadata)
+        self.engine.eos_ids = list(self.tokenizer.eos_ids)
+        self._ids = itertools.count()
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    def prompt_logits(self, token_ids: Sequence[int], rows: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Logits [len(rows) or T, n_vocab] at positions `rows` (default all) of token_ids, as one fresh sequence."""
+        return self.engine.prompt_logits(list(token_ids), list(rows or []))
+
+    def generate(self, prompts: Union[PromptType, Iterable[PromptType]],
+                 sampling_params: Optional[SamplingParams] = None) -> list[RequestOutput]:
+        """Runs every prompt (a string, or {"prompt_token_ids": [...]}) to completion, all batched together."""
+        params = sampling_params or SamplingParams()
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        outputs = [self._add(p, params) for p in prompts]
+        live = {rid: (out, idx, state) for out, subs in outputs for rid, idx, state in subs}
+        try:
+            while live:
+                for rid, token, logprob, top, reason, _ in self.engine.step():
+                    self._apply(live, rid, token, logprob, top, reason)
+        finally:
+            for rid in live:
+                self.engine.abort(rid)
+            while self.engine.has_work():
+                self.engine.step()
+        return [out for out, _ in outputs]
+
+    def _add(self, prompt: PromptType, params: SamplingParams) -> tuple[RequestOutput, list]:
+        text, ids = self._prompt_ids(prompt)
+        out = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids, outputs=[])
+        subs = []
+        for i in range(params.n):
+            rid = f"{out.request_id}-{i}"
+            self.engine.add(rid, ids, params.engine_sampling(i), params.max_tokens, params.ignore_eos,
+                            list(params.stop_token_ids))
+            out.outputs.append(CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None))
+            subs.append((rid, i, RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
+                                              params.skip_special_tokens)))
+        return out, subs
+
+    def _prompt_ids(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenize(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
+
+    def _apply(self, live: dict, rid: str, token: int, logprob: float, top: list, reason: str) -> None:
+        entry = live.get(rid)
+        if entry is None:
+            return
+        out, idx, state = entry
+        delta = state.process(token, logprob, top, reason)
+        comp = out.outputs[idx]
+        comp.text += delta.text
+        comp.token_ids += delta.token_ids
+        if delta.logprobs is not None:
+            comp.logprobs += delta.logprobs
+        if delta.finish_reason:
+            comp.finish_reason = delta.finish_reason
+            del live[rid]
+            if not reason:  # a stop string ended it: the engine still holds the request
+                self.engine.abort(rid)
+            out.finished = all(c.finish_reason for c in out.outputs)

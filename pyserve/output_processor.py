@@ -1,0 +1,56 @@
+"""RequestState: turns one request's engine outputs (token, logprobs, finish) into text deltas.
+
+Detokenization and stop strings live on the Python side of the per-step hand-off: the engine deals in
+token ids; text is made here, once per token, incrementally.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .detokenizer import IncrementalDetokenizer
+from .stop_strings import StopStrings
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Delta:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: Optional[list[dict[int, float]]] = None
+    finish_reason: Optional[str] = None
+
+
+class RequestState:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], stop: list[str], want_logprobs: bool,
+                 skip_special: bool = True):
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special=skip_special)
+        self.stops = StopStrings(stop)
+        self.want_logprobs = want_logprobs
+        self.finish_reason: Optional[str] = None
+
+    def process(self, token: int, logprob: float, top: list, finish_reason: str) -> Delta:
+        """One engine output. A stop-string match sets finish_reason 'stop' (the caller aborts the request)."""
+        d = Delta()
+        if token >= 0:
+            d.token_ids.append(token)
+            if self.want_logprobs:
+                entry = {token: logprob}
+                entry.update({tid: lp for tid, lp in top if tid not in entry})
+                d.logprobs = [entry]
+            d.text = self.stops.feed(self.detok.add(token))
+            if self.stops.matched is not None:
+                self.finish_reason = d.finish_reason = "stop"
+                return d
+        if finish_reason:
+            if finish_reason != "abort":
+                d.text += self.stops.feed(self.detok.flush())
+                d.text += self.stops.flush()
+                if self.stops.matched is not None:
+                    finish_reason = "stop"
+            self.finish_reason = d.finish_reason = finish_reason
+        return d
+
+    @property
+    def stopped_by_string(self) -> bool:
+        return self.stops.matched is not None

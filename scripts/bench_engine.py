@@ -1,0 +1,128 @@
+"""Engine benchmark: prefill and decode throughput of the default model (or --model), and memory.
+
+    python scripts/bench_engine.py [--model PATH] [--threads 2] [--llama-cpp]
+
+Prints prefill tokens/s (a 512-token prompt), single-stream decode tokens/s (128 tokens), batched decode
+tokens/s with 8 and 32 sequences, and resident memory. With --llama-cpp, runs the same prefill and
+single-stream decode through llama-cpp-python's Llama (llama.cpp) on the same file and threads, in the
+same process run, and prints the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def synthetic_prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [2] + [rng.randrange(1000, min(vocab, 200000)) for _ in range(n - 1)]
+
+
+def run_to_end(engine, reqs: dict) -> tuple[float, float, int]:
+    """Adds nothing; steps until every request finished. -> (first token time, end time, tokens)."""
+    t0 = time.perf_counter()
+    first = None
+    tokens = 0
+    live = set(reqs)
+    while live:
+        for rid, tok, *_rest in engine.step():
+            reason = _rest[2]
+            if tok >= 0:
+                tokens += 1
+                first = first or time.perf_counter()
+            if reason:
+                live.discard(rid)
+    return (first or t0) - t0, time.perf_counter() - t0, tokens
+
+
+def bench_pyserve(path: str, threads: int, prefill_len: int, decode_len: int) -> dict:
+    from pyserve import _engine
+
+    eng = _engine.Engine(path, n_threads=threads, max_batched_tokens=max(512, prefill_len))
+    V = eng.hparams["n_vocab"]
+    greedy = {"temperature": 0.0}
+    res = {}
+    # warm-up: touch the weights once
+    eng.add("w", synthetic_prompt(16, V), greedy, 4, True)
+    run_to_end(eng, {"w": 1})
+
+    eng.add("p", synthetic_prompt(prefill_len, V, 1), greedy, 1, True)
+    ttft, _, _ = run_to_end(eng, {"p": 1})
+    res["prefill_tok_s"] = prefill_len / ttft
+
+    eng.add("d", synthetic_prompt(8, V, 2), greedy, decode_len + 1, True)
+    ttft, total, n = run_to_end(eng, {"d": 1})
+    res["decode_tok_s"] = (n - 1) / (total - ttft)
+
+    for batch in (8, 32):
+        reqs = {}
+        for i in range(batch):
+            eng.add(f"b{batch}-{i}", synthetic_prompt(8, V, 100 + i), greedy, decode_len + 1, True)
+            reqs[f"b{batch}-{i}"] = 1
+        ttft, total, n = run_to_end(eng, reqs)
+        res[f"batch{batch}_decode_tok_s"] = n / total
+    res["rss_mb"] = rss_mb()
+    res["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return res
+
+
+def bench_llama_cpp(path: str, threads: int, prefill_len: int, decode_len: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512,
+                verbose=False, logits_all=False)
+    V = llm.n_vocab()
+    res = {}
+    llm.eval(synthetic_prompt(16, V))
+    llm.reset()
+    prompt = synthetic_prompt(prefill_len, V, 1)
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    res["prefill_tok_s"] = prefill_len / (time.perf_counter() - t0)
+    llm.reset()
+    llm.eval(synthetic_prompt(8, V, 2))
+    # Decode cost without Python-side sampling (llama-cpp-python samples in Python): feed fixed tokens.
+    feed = synthetic_prompt(decode_len + 1, V, 3)[1:]
+    t0 = time.perf_counter()
+    for tok in feed:
+        llm.eval([tok])
+    res["decode_tok_s"] = decode_len / (time.perf_counter() - t0)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--llama-cpp", action="store_true", help="also run llama-cpp-python's Llama on the same file")
+    args = ap.parse_args()
+    from pyserve.model_source import resolve_model
+
+    path = resolve_model(args.model)
+    ours = bench_pyserve(path, args.threads, args.prefill, args.decode)
+    print(f"model {path}, threads {args.threads}")
+    print(f"pyserve  prefill {ours['prefill_tok_s']:8.1f} tok/s  decode {ours['decode_tok_s']:6.1f} tok/s  "
+          f"batch8 {ours['batch8_decode_tok_s']:7.1f} tok/s  batch32 {ours['batch32_decode_tok_s']:7.1f} tok/s  "
+          f"rss {ours['rss_mb']:.0f} MB (max {ours['max_rss_mb']:.0f} MB)")
+    if args.llama_cpp:
+        ref = bench_llama_cpp(path, args.threads, args.prefill, args.decode)
+        print(f"llama.cpp prefill {ref['prefill_tok_s']:8.1f} tok/s  decode {ref['decode_tok_s']:6.1f} tok/s")
+        print(f"ratio    prefill {ours['prefill_tok_s'] / ref['prefill_tok_s']:.2f}x  "
+              f"decode {ours['decode_tok_s'] / ref['decode_tok_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""Small random GGUF test models for the engine tests (no test functions in here).
+
+    from model_factory import write_test_model
+    path = write_test_model(tmp_path / "m.gguf", "llama", qtype="Q4_K", rope_freqs=True, tied=False)
+
+``write_test_model(path, arch, *, qtype="F32", rope_freqs=False, tied=True, seed=0, ...)`` writes a
+complete model with the real tensor names and metadata keys of llama.cpp, random weights scaled so
+that the activations stay of order 1, and a tiny byte-level BPE tokenizer (tokenizer.ggml.model
+"gpt2", pre "gpt-2": the 256 GPT-2 byte symbols in bytes_to_unicode order, a few merged tokens, then
+the control tokens ``<s>`` (BOS) and ``</s>`` (EOS)), so the whole pipeline can load it.
+
+Sizes: with 32-element quants (or F32/F16/BF16) n_embd 64, head_dim 16 (gemma3: 32, so that
+n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with K-quants (256-element blocks)
+n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. Layers: llama/qwen2
+2, gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
+
+qtype: a type name for every 2-D weight ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+"Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "mixed" (a Q4_K_M-like mix like the real Gemma 3
+file: attn_q/attn_k/ffn_gate/ffn_up Q5_0, attn_v and token_embd Q8_0, attn_output Q4_K, ffn_down and
+output Q6_K), or a dict {"default": type, "attn_q": type, "token_embd": type, ...} keyed by the tensor
+name's role. Norms, biases and rope_freqs stay F32 (as llama.cpp's quantizer leaves them).
+gguf-py cannot quantize to K-quants; the encoders below write valid blocks (simple, not llama.cpp's
+optimal search) that gguf's dequantize (and so ggml) reads back within the format's precision.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from pyserve.tokenizer import bytes_to_unicode
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFWriter, TokenType
+
+QK_K = 256
+ARCHS = ("llama", "qwen2", "gemma3")
+
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_32 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+ALL_QTYPES = FLOAT_TYPES + BLOCK_32 + K_QUANTS
+
+MIXED = {"default": "Q5_0", "attn_q": "Q5_0", "attn_k": "Q5_0", "ffn_gate": "Q5_0", "ffn_up": "Q5_0",
+         "attn_v": "Q8_0", "token_embd": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K",
+         "output": "Q6_K"}
+
+# general.file_type (llama_ftype) for a uniform qtype
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+              "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32, "mixed": 15}
+
+
+# --------------------------------------------------------------------------------------------------
+# K-quant encoders (the inverse of gguf.quants' dequantize_blocks layouts)
+# --------------------------------------------------------------------------------------------------
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(b != 0, a / np.where(b != 0, b, 1), 0)
+
+
+def _scale_min_quant(x: np.ndarray, nmax: int, smax: int):
+    """Asymmetric sub-block quantization x ~ d*sc*q - dmin*m with q in [0, nmax], sc/m in [0, smax].
+    x: (nb, n_sub, sub). Returns d16, dmin16 (nb,), sc, m (nb, n_sub) ints, q (nb, n_sub, sub) ints."""
+    mn = np.minimum(x.min(axis=2), 0.0)
+    mx = x.max(axis=2)
+    scale = (mx - mn) / nmax
+    mins = -mn
+    d16 = _f16(scale.max(axis=1) / smax)
+    dmin16 = _f16(mins.max(axis=1) / smax)
+    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.clip(np.round(_safe_div(scale, d[:, None])), 0, smax).astype(np.int64)
+    m = np.clip(np.round(_safe_div(mins, dmin[:, None])), 0, smax).astype(np.int64)
+    eff_d = (d[:, None] * sc)[..., None]
+    eff_m = (dmin[:, None] * m)[..., None]
+    q = np.clip(np.round(_safe_div(x + eff_m, eff_d)), 0, nmax).astype(np.int64)
+    return d16, dmin16, sc, m, q
+
+
+def _pack_scale_min_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The 12-byte 6-bit scale/min packing of Q4_K/Q5_K (get_scale_min_k4)."""
+    nb = sc.shape[0]
+    out = np.zeros((nb, 12), dtype=np.uint8)
+    out[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = (m[:, 0:4] & 63) | ((m[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 15) | ((m[:, 4:8] & 15) << 4)
+    return out
+
+
+def _nibbles_q4k(q: np.ndarray) -> np.ndarray:
+    """q (nb, 8, 32) in [0, 15] -> 128 bytes: group g holds sub-blocks 2g (low) and 2g+1 (high)."""
+    nb = q.shape[0]
+    q = q.reshape(nb, 4, 2, 32)
+    return (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(nb, 128).astype(np.uint8)
+
+
+def quantize_q4_k(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    d16, dmin16, sc, m, q = _scale_min_quant(blocks.reshape(nb, 8, 32), 15, 63)
+    return np.concatenate([d16.view(np.uint8).reshape(nb, 2), dmin16.view(np.uint8).reshape(nb, 2),
+                           _pack_scale_min_k4(sc, m), _nibbles_q4k(q)], axis=1)
+
+
+def quantize_q5_k(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    d16, dmin16, sc, m, q = _scale_min_quant(blocks.reshape(nb, 8, 32), 31, 63)
+    qh = np.zeros((nb, 32), dtype=np.uint8)
+    for j in range(8):
+        qh |= (((q[:, j, :] >> 4) & 1) << j).astype(np.uint8)
+    return np.concatenate([d16.view(np.uint8).reshape(nb, 2), dmin16.view(np.uint8).reshape(nb, 2),
+                           _pack_scale_min_k4(sc, m), qh, _nibbles_q4k(q & 15)], axis=1)
+
+
+def quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    x = blocks.reshape(nb, 16, 16)
+    scale = np.abs(x).max(axis=2) / 31.0
+    d16 = _f16(scale.max(axis=1) / 127.0)
+    d = d16.astype(np.float32)
+    sc = np.clip(np.round(_safe_div(scale, d[:, None])), 0, 127).astype(np.int64)
+    eff = (d[:, None] * sc)[..., None]
+    q = (np.clip(np.round(_safe_div(x, eff)), -32, 31) + 32).astype(np.int64).reshape(nb, 2, 128)
+    ql = (q[:, :, 0:64] & 15) | ((q[:, :, 64:128] & 15) << 4)                     # (nb, 2, 64)
+    hi = (q >> 4) & 3                                                              # (nb, 2, 128)
+    qh = hi[:, :, 0:32] | (hi[:, :, 32:64] << 2) | (hi[:, :, 64:96] << 4) | (hi[:, :, 96:128] << 6)
+    return np.concatenate([ql.reshape(nb, 128).astype(np.uint8), qh.reshape(nb, 64).astype(np.uint8),
+                           sc.astype(np.int8).view(np.uint8), d16.view(np.uint8).reshape(nb, 2)], axis=1)
+
+
+def _crumbs(q: np.ndarray) -> np.ndarray:
+    """(nb, 256) 2-bit values -> 64 bytes: byte h*32+l holds elements h*128 + k*32 + l at bits 2k."""
+    nb = q.shape[0]
+    q = q.reshape(nb, 2, 4, 32)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(nb, 64).astype(np.uint8)
+
+
+def quantize_q2_k(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    d16, dmin16, sc, m, q = _scale_min_quant(blocks.reshape(nb, 16, 16), 3, 15)
+    scales = (sc | (m << 4)).astype(np.uint8)
+    return np.concatenate([scales, _crumbs(q.reshape(nb, 256)), d16.view(np.uint8).reshape(nb, 2),
+                           dmin16.view(np.uint8).reshape(nb, 2)], axis=1)
+
+
+def quantize_q3_k(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    x = blocks.reshape(nb, 16, 16)
+    imax = np.abs(x).argmax(axis=2)
+    vmax = np.take_along_axis(x, imax[..., None], axis=2)[..., 0]
+    scale = -vmax / 4.0                                   # the largest |x| maps to -4
+    d16 = _f16(np.abs(scale).max(axis=1) / 31.0)
+    d = d16.astype(np.float32)
+    ls = np.clip(np.round(_safe_div(scale, d[:, None])), -32, 31).astype(np.int64)
+    eff = (d[:, None] * ls)[..., None]
+    qv = np.clip(np.round(_safe_div(x, eff)), -4, 3).astype(np.int64).reshape(nb, 256)
+    u = qv + 4                                            # 0..7: low 2 bits in qs, bit 2 in hmask
+    hbit = (u >> 2).reshape(nb, 8, 32)
+    hmask = np.zeros((nb, 32), dtype=np.uint8)
+    for k in range(8):
+        hmask |= (hbit[:, k, :] << k).astype(np.uint8)
+    s = ls + 32                                           # 6-bit
+    scales = np.zeros((nb, 12), dtype=np.uint8)
+    scales[:, 0:8] = (s[:, 0:8] & 15) | ((s[:, 8:16] & 15) << 4)
+    hs = (s >> 4) & 3
+    scales[:, 8:12] = hs[:, 0:4] | (hs[:, 4:8] << 2) | (hs[:, 8:12] << 4) | (hs[:, 12:16] << 6)
+    return np.concatenate([hmask, _crumbs(u & 3), scales, d16.view(np.uint8).reshape(nb, 2)], axis=1)
+
+
+_K_ENCODERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k,
+               "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
+
+
+def quantize(data: np.ndarray, qtype: str) -> np.ndarray:
+    """data [..., n] float -> the GGUF storage array of that type (uint8 blocks, or f32/f16)."""
+    data = np.ascontiguousarray(data, dtype=np.float32)
+    if qtype in _K_ENCODERS:
+        if data.shape[-1] % QK_K:
+            raise ValueError(f"{qtype} needs rows that are a multiple of {QK_K}, got {data.shape}")
+        blocks = data.reshape(-1, QK_K)
+        out = _K_ENCODERS[qtype](blocks)
+        assert out.dtype == np.uint8 and out.shape[1] == gguf.GGML_QUANT_SIZES[QT[qtype]][1]
+        return out.reshape(*data.shape[:-1], data.shape[-1] // QK_K * out.shape[1])
+    return gguf.quants.quantize(data, QT[qtype])
+
+
+# --------------------------------------------------------------------------------------------------
+# tokenizer
+# --------------------------------------------------------------------------------------------------
+
+# merges applied in this order (rank = index); each merged token becomes a vocabulary entry
+TOKENIZER_MERGES = [
+    "Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "r e", "a t", "e n", "Ġ w", "o r",
+    "i s", "Ġ o", "e s", "a n", "Ġ c", "l l", "Ġ h", "Ġ b", "Ġ f", "Ġ m", "o u", "i t", "in g",
+    "Ġ p", "e d", "Ġ d", "Ġ i", "Ġa n", "Ġan d", "Ġo f", "Ġ l", "e ll", "H ell", "Hell o", "Ġw or",
+    "Ġwor l", "Ġworl d", "Ġ 1", "Ġ 2",
+]
+SPECIAL_TOKENS = ["<s>", "</s>"]
+
+
+def tokenizer_vocab() -> tuple[list[str], list[int], list[str], int, int]:
+    """(tokens, token_types, merges, bos_id, eos_id) of the test tokenizer."""
+    tokens = list(bytes_to_unicode().values())
+    types = [int(TokenType.NORMAL)] * len(tokens)
+    seen = set(tokens)
+    for mrg in TOKENIZER_MERGES:
+        a, b = mrg.split(" ")
+        assert a in seen and b in seen, mrg
+        t = a + b
+        assert t not in seen, mrg
+        tokens.append(t)
+        types.append(int(TokenType.NORMAL))
+        seen.add(t)
+    bos = len(tokens)
+    for s in SPECIAL_TOKENS:
+        tokens.append(s)
+        types.append(int(TokenType.CONTROL))
+    return tokens, types, list(TOKENIZER_MERGES), bos, bos + 1
+
+
+N_VOCAB = len(tokenizer_vocab()[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------------------------------
+
+def _qtype_for(role: str, qtype: Any) -> str:
+    if isinstance(qtype, str):
+        if qtype == "mixed":
+            return MIXED.get(role, MIXED["default"])
+        return qtype
+    if isinstance(qtype, Mapping):
+        return qtype.get(role, qtype.get("default", "F32"))
+    raise TypeError(qtype)
+
+
+def _all_qtypes(qtype: Any) -> set[str]:
+    if isinstance(qtype, str):
+        return set(MIXED.values()) if qtype == "mixed" else {qtype}
+    return set(qtype.values())
+
+
+def default_dims(arch: str, qtype: Any) -> dict:
+    """The model's sizes for an arch and qtype (see the module doc)."""
+    kq = bool(_all_qtypes(qtype) & set(K_QUANTS))
+    d = dict(n_embd=256 if kq else 64, n_head=4, n_head_kv=2, head_dim=64 if kq else 16,
+             n_ff=512 if kq else 128, n_layer=2, n_ctx=512, eps=1e-5, rope_base=10000.0)
+    if arch == "qwen2":
+        d.update(eps=1e-6, rope_base=1000000.0)
+    if arch == "gemma3":
+        d.update(head_dim=128 if kq else 32, n_layer=6, eps=1e-6, rope_base=1000000.0, sliding_window=8)
+    return d
+
+
+def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
+                     tied: bool = True, seed: int = 0, biases: bool | None = None,
+                     chat_template: str | None = None, name: str | None = None, **dims: Any) -> Path:
+    """Write a random ``arch`` model to ``path`` and return the path.
+
+    biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
+    have them, gemma3 not). rope_freqs: llama only (llama3-style frequency factors). dims: override
+    default_dims() (n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, eps, rope_base,
+    sliding_window).
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}")
+    if rope_freqs and arch != "llama":
+        raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
+    if biases is None:
+        biases = arch == "qwen2"
+    if biases and arch == "gemma3":
+        raise ValueError("gemma3 has no attention biases")
+    for t in _all_qtypes(qtype):
+        if t not in ALL_QTYPES:
+            raise ValueError(f"unsupported qtype {t}")
+    cfg = default_dims(arch, qtype)
+    unknown = set(dims) - set(cfg) - {"sliding_window"}
+    if unknown:
+        raise TypeError(f"unknown dims {unknown}")
+    cfg.update(dims)
+    n_embd, n_head, n_head_kv, hd = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
+    n_ff, n_layer = cfg["n_ff"], cfg["n_layer"]
+
+    tokens, types, merges, bos, eos = tokenizer_vocab()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+
+    def mat(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) * scale / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    tensors: list[tuple[str, np.ndarray, str]] = []   # name, float data, role (for the qtype)
+
+    def add(name: str, data: np.ndarray, role: str | None = None) -> None:
+        tensors.append((name, data, role))
+
+    # logits = (normed x * output_norm) . (E or output) row: std ~3. Gemma scales the embedding by
+    # sqrt(n_embd); its embedding is made smaller (x starts at rms 3/sqrt(n_embd) as llama's, so the
+    # input token does not dominate the residual and the tied logits) and its output_norm larger
+    # (sqrt(n_embd): 8 or 16; the real file's output_norm weights are ~26 on average).
+    emb_std = 3.0 / n_embd if arch == "gemma3" else 3.0 / np.sqrt(n_embd)
+    out_norm_scale = float(np.sqrt(n_embd)) if arch == "gemma3" else 1.0
+    add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        add(p + "attn_norm.weight", norm(n_embd))
+        add(p + "attn_q.weight", mat(n_head * hd, n_embd), "attn_q")
+        add(p + "attn_k.weight", mat(n_head_kv * hd, n_embd), "attn_k")
+        add(p + "attn_v.weight", mat(n_head_kv * hd, n_embd), "attn_v")
+        if biases:
+            add(p + "attn_q.bias", (0.5 * rng.standard_normal(n_head * hd)).astype(np.float32))
+            add(p + "attn_k.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
+            add(p + "attn_v.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
+        if arch == "gemma3":
+            add(p + "attn_q_norm.weight", norm(hd))
+            add(p + "attn_k_norm.weight", norm(hd))
+        add(p + "attn_output.weight", mat(n_embd, n_head * hd), "attn_output")
+        if arch == "gemma3":
+            add(p + "post_attention_norm.weight", norm(n_embd))
+        add(p + "ffn_norm.weight", norm(n_embd))
+        add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
+        add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
+        add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
+        if arch == "gemma3":
+            add(p + "post_ffw_norm.weight", norm(n_embd))
+    add("output_norm.weight", out_norm_scale * norm(n_embd))
+    if not tied:
+        add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
+    if rope_freqs:
+        # llama3-style: factor 1 for the high frequencies, up to 8 for the low ones
+        half = hd // 2
+        add("rope_freqs.weight", np.geomspace(1.0, 8.0, half).astype(np.float32))
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(str(path), arch)
+    w.add_name(name or f"pyserve test {arch} {qtype if isinstance(qtype, str) else 'custom'}")
+    w.add_context_length(int(cfg["n_ctx"]))
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(float(cfg["eps"]))
+    w.add_rope_freq_base(float(cfg["rope_base"]))
+    if arch == "gemma3" or hd * n_head != n_embd:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if arch == "llama":
+        w.add_rope_dimension_count(hd)
+        w.add_vocab_size(n_vocab)
+    if arch == "gemma3" and cfg.get("sliding_window"):
+        w.add_sliding_window(int(cfg["sliding_window"]))
+    if isinstance(qtype, str) and qtype in FILE_TYPES:
+        w.add_file_type(FILE_TYPES[qtype])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
+    for tname, data, role in tensors:
+        t = "F32" if role is None else _qtype_for(role, qtype)
+        if t == "F32":
+            w.add_tensor(tname, data)
+        elif t == "F16":
+            w.add_tensor(tname, data.astype(np.float16))
+        else:
+            w.add_tensor(tname, quantize(data, t), raw_dtype=QT[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+__all__ = ["write_test_model", "default_dims", "tokenizer_vocab", "bytes_to_unicode", "quantize",
+           "ARCHS", "ALL_QTYPES", "K_QUANTS", "BLOCK_32", "FLOAT_TYPES", "N_VOCAB", "MIXED"]

@@ -1,0 +1,109 @@
+"""The C++ engine's prompt logits against the NumPy reference, on small random models of every
+architecture and weight type (tests/model_factory.py).
+
+Engine API used: ``pyserve._engine.Engine(path, n_threads=1).prompt_logits(token_ids)`` ->
+``np.ndarray [T, n_vocab]``: the logits of every position of one sequence starting at position 0.
+Skipped while the engine does not have it.
+
+Tolerances. With F32 weights the only legitimate differences are f32 arithmetic and an f16 KV cache
+(the reference's emulation of an f16 KV cache moves the logits by <= ~0.015 here), so the bound is
+tight (0.05) and catches structural mistakes (RoPE pairing, window, norms, scales: those are O(1)).
+With quantized weights an engine that rounds activations to 8 bits like ggml (Q8_0 / Q8_K) moves
+the logits by up to ~0.6 (mean ~0.05-0.09) on these models, so the bound is derived from the
+reference's own ggml emulation: max|d| <= 0.05 + 2.5 * (its max deviation), mean|d| <= 0.01 +
+2.5 * (its mean deviation). A dequantization bug (wrong nibble order, scale packing) gives errors
+of several units and still fails.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy_ref as nr  # noqa: E402
+import model_factory as tm  # noqa: E402
+
+from pyserve import _engine  # noqa: E402
+
+# exact-arithmetic bounds on max |d logit| for the float weight types (see the module doc)
+FLOAT_TOL = {"F32": 0.05, "F16": 0.08, "BF16": 0.3}
+
+QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "mixed"]
+
+CASES = [pytest.param(arch, q, {}, id=f"{arch}-{q}") for arch in tm.ARCHS for q in QTYPES]
+CASES += [
+    pytest.param("llama", "F32", {"rope_freqs": True}, id="llama-F32-rope_freqs"),
+    pytest.param("llama", "Q4_K", {"rope_freqs": True, "tied": False}, id="llama-Q4_K-rope_freqs-untied"),
+    pytest.param("llama", "F32", {"biases": True}, id="llama-F32-biases"),
+    pytest.param("llama", "F32", {"tied": False}, id="llama-F32-untied"),
+    pytest.param("qwen2", "Q8_0", {"tied": False}, id="qwen2-Q8_0-untied"),
+    pytest.param("gemma3", "F32", {"tied": False}, id="gemma3-F32-untied"),
+    pytest.param("gemma3", "Q8_0", {"sliding_window": 3}, id="gemma3-Q8_0-window3"),
+    pytest.param("gemma3", "F32", {"n_layer": 7}, id="gemma3-F32-7layers"),
+    # hyper-parameters that must come from the metadata, set where a wrong value shows
+    pytest.param("llama", "F32", {"eps": 0.05}, id="llama-F32-eps0.05"),
+    pytest.param("qwen2", "F32", {"eps": 0.05}, id="qwen2-F32-eps0.05"),
+    pytest.param("gemma3", "F32", {"eps": 0.05}, id="gemma3-F32-eps0.05"),
+    pytest.param("llama", "F32", {"rope_base": 50.0}, id="llama-F32-base50"),
+    pytest.param("gemma3", "F32", {"rope_base": 50.0}, id="gemma3-F32-base50"),
+    pytest.param("llama", "F32", {"n_head_kv": 4}, id="llama-F32-mha"),
+    pytest.param("qwen2", "F32", {"n_head_kv": 1}, id="qwen2-F32-mqa"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("arch_models")
+
+
+def _tokens(n: int, seed: int = 1) -> list[int]:
+    _, _, _, bos, _ = tm.tokenizer_vocab()
+    rng = np.random.default_rng(seed)
+    return [bos] + [int(t) for t in rng.integers(0, bos, n - 1)]
+
+
+def _bounds(path, toks, qtype) -> tuple[float, float]:
+    """(max, mean) bounds on |engine - reference| for this model."""
+    if qtype in FLOAT_TOL:
+        return FLOAT_TOL[qtype], FLOAT_TOL[qtype] / 4
+    exact = nr.ref_logits(path, toks)
+    devs = [np.abs(nr.ref_logits(path, toks, emulate_ggml=True, emulate_seed=s) - exact) for s in (None, 0, 1)]
+    return 0.05 + 2.5 * max(d.max() for d in devs), 0.01 + 2.5 * max(d.mean() for d in devs)
+
+
+def _compare(engine_logits: np.ndarray, ref: np.ndarray, max_tol: float, mean_tol: float, what: str) -> None:
+    got = np.asarray(engine_logits, dtype=np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    assert np.isfinite(got).all(), f"{what}: non-finite logits"
+    d = np.abs(got - ref)
+    worst = np.unravel_index(d.argmax(), d.shape)
+    msg = (f"{what}: max|d| {d.max():.4f} (bound {max_tol:.4f}) at position {worst[0]} token {worst[1]}, "
+           f"mean|d| {d.mean():.4f} (bound {mean_tol:.4f}); per position max: {np.round(d.max(axis=1), 3).tolist()}")
+    assert d.max() <= max_tol and d.mean() <= mean_tol, msg
+    # greedy choices agree wherever the reference's top-2 gap is clearly above the tolerance
+    srt = np.sort(ref, axis=1)
+    clear = (srt[:, -1] - srt[:, -2]) > 2 * max_tol
+    assert (got.argmax(axis=1)[clear] == ref.argmax(axis=1)[clear]).all(), what + ": argmax differs"
+
+
+@pytest.mark.parametrize("arch,qtype,kw", CASES)
+def test_prompt_logits_match_reference(model_dir, arch, qtype, kw):
+    name = f"{arch}-{qtype}-" + "-".join(f"{k}{v}" for k, v in sorted(kw.items())) + ".gguf"
+    path = tm.write_test_model(model_dir / name, arch, qtype=qtype, **kw)
+    eng = _engine.Engine(str(path), n_threads=1)
+    for n, seed in ((24, 1), (1, 2), (41, 3)):
+        toks = _tokens(n, seed)
+        ref = nr.ref_logits(path, toks)
+        max_tol, mean_tol = _bounds(path, toks, qtype)
+        _compare(eng.prompt_logits(toks), ref, max_tol, mean_tol, f"{name} T={n}")
+
+
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K"])
+def test_unsupported_tensor_type_is_a_clear_error(tmp_path, qtype):
+    path = tm.write_test_model(tmp_path / f"{qtype}.gguf", "llama", qtype=qtype)
+    with pytest.raises(_engine.GGUFError, match=f"token_embd.weight.*unsupported tensor type"):
+        _engine.Engine(str(path), n_threads=1)

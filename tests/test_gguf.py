@@ -1,0 +1,192 @@
+"""GGUF loading: every metadata type round-trips; every malformed file is a GGUFError naming what is wrong."""
+import struct
+
+import gguf
+import numpy as np
+import pytest
+
+from pyserve import _engine
+
+TENSOR = "blk.0.attn_q.weight"
+
+
+def write_valid(path, version=3):
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_uint8("t.u8", 200)
+    w.add_int8("t.i8", -100)
+    w.add_uint16("t.u16", 60000)
+    w.add_int16("t.i16", -30000)
+    w.add_uint32("t.u32", 4_000_000_000)
+    w.add_int32("t.i32", -2_000_000_000)
+    w.add_float32("t.f32", 1.5)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "héllo ▁ world")
+    w.add_uint64("t.u64", 2**63 + 5)
+    w.add_int64("t.i64", -(2**62))
+    w.add_float64("t.f64", 0.1)
+    w.add_array("t.arr_i", [1, 2, 3])
+    w.add_array("t.arr_s", ["a", "bc", ""])
+    w.add_array("t.arr_f", [0.5, -2.0])
+    w.add_tensor(TENSOR, np.arange(64, dtype=np.float32).reshape(2, 32))
+    w.add_tensor("second", np.ones((4,), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 4, version)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.fixture
+def valid(tmp_path):
+    return write_valid(tmp_path / "valid.gguf")
+
+
+def tensor_info_at(data: bytes, name: str) -> int:
+    """Offset just past the name of tensor `name` in the tensor table (n_dims follows)."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    return data.rindex(key) + len(key)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_metadata_round_trip(tmp_path, version):
+    path = write_valid(tmp_path / "v.gguf", version)
+    meta, tensors, ver = _engine.read_gguf(str(path))
+    assert ver == version
+    assert meta["t.u8"] == 200 and meta["t.i8"] == -100 and meta["t.u16"] == 60000 and meta["t.i16"] == -30000
+    assert meta["t.u32"] == 4_000_000_000 and meta["t.i32"] == -2_000_000_000
+    assert meta["t.f32"] == 1.5 and meta["t.bool"] is True and meta["t.str"] == "héllo ▁ world"
+    assert meta["t.u64"] == 2**63 + 5 and meta["t.i64"] == -(2**62) and meta["t.f64"] == 0.1
+    assert meta["t.arr_i"] == [1, 2, 3] and meta["t.arr_s"] == ["a", "bc", ""] and meta["t.arr_f"] == [0.5, -2.0]
+    assert meta["general.architecture"] == "llama"
+    by_name = {t["name"]: t for t in tensors}
+    assert by_name[TENSOR]["shape"] == [32, 2] and by_name[TENSOR]["type_name"] == "F32"
+    raw = _engine.tensor_data(str(path), TENSOR)
+    assert np.array_equal(np.frombuffer(raw, dtype=np.float32), np.arange(64, dtype=np.float32))
+
+
+def expect_error(path, *fragments):
+    with pytest.raises(_engine.GGUFError) as e:
+        _engine.read_gguf(str(path))
+    msg = str(e.value)
+    assert str(path) in msg
+    for f in fragments:
+        assert f in msg, msg
+    return msg
+
+
+def patched(tmp_path, data: bytes, name="bad.gguf"):
+    p = tmp_path / name
+    p.write_bytes(bytes(data))
+    return p
+
+
+def test_bad_magic(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    data[0:4] = b"GGML"
+    expect_error(patched(tmp_path, data), "bad magic")
+
+
+@pytest.mark.parametrize("version", [1, 4, 0xFFFFFFFF])
+def test_bad_version(tmp_path, valid, version):
+    data = bytearray(valid.read_bytes())
+    struct.pack_into("<I", data, 4, version)
+    expect_error(patched(tmp_path, data), "unsupported GGUF version")
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.01, 0.1, 0.3, 0.6, 0.9])
+def test_truncated(tmp_path, valid, frac):
+    data = valid.read_bytes()
+    cut = data[: int(len(data) * frac)]
+    msg = expect_error(patched(tmp_path, cut))
+    assert "truncated" in msg or "outside the file" in msg or "exceeds the file size" in msg
+
+
+def test_truncated_inside_tensor_data(tmp_path, valid):
+    data = valid.read_bytes()
+    start = data.index(np.arange(64, dtype=np.float32).tobytes())
+    expect_error(patched(tmp_path, data[: start + 100]), "outside the file")
+
+
+def test_tensor_data_outside_file(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    at = tensor_info_at(data, "second") + 4 + 8 + 4  # n_dims, one dim, type → offset
+    struct.pack_into("<Q", data, at, 1 << 40)
+    expect_error(patched(tmp_path, data), "'second'", "outside the file")
+
+
+def test_unknown_tensor_type(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    at = tensor_info_at(data, TENSOR) + 4 + 2 * 8
+    struct.pack_into("<I", data, at, 99)
+    expect_error(patched(tmp_path, data), TENSOR, "unsupported tensor type 99", "offset")
+
+
+@pytest.mark.parametrize("dims", [(1 << 62, 1 << 62), (0, 2), (1 << 63, 1)])
+def test_overflowing_dimensions(tmp_path, valid, dims):
+    data = bytearray(valid.read_bytes())
+    at = tensor_info_at(data, TENSOR) + 4
+    struct.pack_into("<QQ", data, at, *dims)
+    expect_error(patched(tmp_path, data), TENSOR)
+
+
+def test_too_many_dimensions(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    struct.pack_into("<I", data, tensor_info_at(data, TENSOR), 7)
+    expect_error(patched(tmp_path, data), TENSOR, "dimensions")
+
+
+def test_unknown_metadata_type(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    key = b"t.f32"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    struct.pack_into("<I", data, at, 77)
+    expect_error(patched(tmp_path, data), "'t.f32'", "unknown value type 77")
+
+
+def test_huge_string_length(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    key = b"t.str"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4
+    struct.pack_into("<Q", data, at, 1 << 60)
+    expect_error(patched(tmp_path, data), "truncated")
+
+
+def test_huge_array_length(tmp_path, valid):
+    data = bytearray(valid.read_bytes())
+    key = b"t.arr_i"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4 + 4
+    struct.pack_into("<Q", data, at, 1 << 61)
+    expect_error(patched(tmp_path, data), "'t.arr_i'", "past the end")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(_engine.GGUFError, match="cannot open"):
+        _engine.read_gguf(str(tmp_path / "nope.gguf"))
+
+
+def write_stub_model(path, arch, **strings):
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    for key, value in strings.items():
+        w.add_string(key.replace("__", "."), value)
+    w.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_wrong_metadata_type_for_model(tmp_path):
+    """A model whose hyper-parameter has the wrong type: the error names the key and both types."""
+    path = write_stub_model(tmp_path / "m.gguf", "llama", llama__embedding_length="sixty-four")
+    with pytest.raises(_engine.GGUFError, match="'llama.embedding_length' has type string, expected an integer"):
+        _engine.Engine(str(path), n_threads=1)
+
+
+def test_unsupported_architecture_lists_supported(tmp_path):
+    path = write_stub_model(tmp_path / "m.gguf", "mamba")
+    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma3, llama, qwen2"):
+        _engine.Engine(str(path), n_threads=1)

