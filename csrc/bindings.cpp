@@ -68,6 +68,21 @@ py::array_t<float> py_vec_dot_cols(uint32_t type, u8array w_row, f32array x) {
   return out;
 }
 
+// w_rows: [nrows, row_bytes] raw weight rows; x: [ncols, n] → [ncols, nrows] via vec_dot_tile
+py::array_t<float> py_vec_dot_tile(uint32_t type, u8array w_rows, f32array x) {
+  const TypeTraits& tt = traits_or_throw(type);
+  if (w_rows.ndim() != 2 || x.ndim() != 2) throw std::invalid_argument("w_rows and x must be 2-D");
+  const int64_t nrows = w_rows.shape(0), ncols = x.shape(0), n = x.shape(1);
+  const size_t rb = row_size((GGMLType)type, n);
+  if ((size_t)w_rows.shape(1) != rb) throw std::invalid_argument("w_rows' second dimension must be the row size");
+  size_t stride = act_row_size(tt.act, n);
+  std::vector<uint8_t> act(stride * ncols);
+  for (int64_t c = 0; c < ncols; c++) quantize_act_row(tt.act, x.data(c, 0), act.data() + c * stride, n);
+  py::array_t<float> out({ncols, nrows});
+  vec_dot_tile((GGMLType)type, n, w_rows.data(), rb, nrows, act.data(), stride, (int)ncols, out.mutable_data(), nrows);
+  return out;
+}
+
 // Round trip of an activation row through its quantized format (for tests of quantize_act_row).
 py::array_t<float> py_act_roundtrip(uint32_t type, f32array x) {
   const TypeTraits& tt = traits_or_throw(type);
@@ -93,6 +108,7 @@ void bind_quant(py::module_& m) {
   m.def("vec_dot", &py_vec_dot, py::arg("type"), py::arg("w_row"), py::arg("x"), py::arg("impl") = "simd",
         "Dot of one raw weight row with float x (quantized to the type's activation format first).");
   m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"));
+  m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"));
   m.def("act_roundtrip", &py_act_roundtrip, py::arg("type"), py::arg("x"));
   m.def("type_info", [](uint32_t type) {
     const TypeTraits& tt = traits_or_throw(type);

@@ -171,9 +171,10 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
       grow(sc, (size_t)len * group);
       const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
+      float tmp[64];
       for (int j = 0; j < len; j++) {
-        const uint16_t* k = kv.k(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
-        for (int h = 0; h < group; h++) sc[(size_t)h * len + j] = hp_.attn_scale * dot_f32_f16(q + h * hd, k, hd);
+        dot_heads_f16(q, group, hd, kv.k(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd, tmp);
+        for (int h = 0; h < group; h++) sc[(size_t)h * len + j] = hp_.attn_scale * tmp[h];
       }
       float inv[64];  // 1 / softmax denominator per head of the group
       for (int h = 0; h < group; h++) {
@@ -183,8 +184,8 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       float* out = attn_.data() + (size_t)t * qd + (size_t)g * group * hd;
       std::fill(out, out + (size_t)group * hd, 0.f);
       for (int j = 0; j < len; j++) {
-        const uint16_t* v = kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
-        for (int h = 0; h < group; h++) axpy_f16(sc[(size_t)h * len + j] * inv[h], v, out + h * hd, hd);
+        for (int h = 0; h < group; h++) tmp[h] = sc[(size_t)h * len + j] * inv[h];
+        axpy_heads_f16(tmp, group, hd, kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd, out);
       }
     }
   };

@@ -163,6 +163,78 @@ void axpy_f16(float a, const uint16_t* h, float* y, int64_t n) {
   for (; i < n; i++) y[i] += a * fp16_to_fp32(h[i]);
 }
 
+namespace {
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+template <int NH>
+void dot_heads_avx(const float* q, int hd, const uint16_t* k, float* s) {
+  __m256 a0[NH], a1[NH];
+  for (int h = 0; h < NH; h++) a0[h] = a1[h] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= hd; i += 16) {
+    __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i)));
+    __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i + 8)));
+    for (int h = 0; h < NH; h++) {
+      a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a0[h]);
+      a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1, a1[h]);
+    }
+  }
+  for (int h = 0; h < NH; h++) {
+    float sum = hsum8(_mm256_add_ps(a0[h], a1[h]));
+    for (int j = i; j < hd; j++) sum += q[h * hd + j] * fp16_to_fp32(k[j]);
+    s[h] = sum;
+  }
+}
+
+template <int NH>
+void axpy_heads_avx(const float* w, int hd, const uint16_t* v, float* out) {
+  __m256 wv[NH];
+  for (int h = 0; h < NH; h++) wv[h] = _mm256_set1_ps(w[h]);
+  int i = 0;
+  for (; i + 8 <= hd; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + i)));
+    for (int h = 0; h < NH; h++) {
+      float* o = out + h * hd + i;
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(wv[h], x, _mm256_loadu_ps(o)));
+    }
+  }
+  for (; i < hd; i++)
+    for (int h = 0; h < NH; h++) out[h * hd + i] += w[h] * fp16_to_fp32(v[i]);
+}
+#endif
+
+}  // namespace
+
+void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  for (int h0 = 0; h0 < nh; h0 += 4) {
+    switch (std::min(4, nh - h0)) {
+      case 4: dot_heads_avx<4>(q + h0 * hd, hd, k, s + h0); break;
+      case 3: dot_heads_avx<3>(q + h0 * hd, hd, k, s + h0); break;
+      case 2: dot_heads_avx<2>(q + h0 * hd, hd, k, s + h0); break;
+      default: dot_heads_avx<1>(q + h0 * hd, hd, k, s + h0); break;
+    }
+  }
+#else
+  for (int h = 0; h < nh; h++) s[h] = dot_f32_f16(q + h * hd, k, hd);
+#endif
+}
+
+void axpy_heads_f16(const float* w, int nh, int hd, const uint16_t* v, float* out) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  for (int h0 = 0; h0 < nh; h0 += 4) {
+    switch (std::min(4, nh - h0)) {
+      case 4: axpy_heads_avx<4>(w + h0, hd, v, out + h0 * hd); break;
+      case 3: axpy_heads_avx<3>(w + h0, hd, v, out + h0 * hd); break;
+      case 2: axpy_heads_avx<2>(w + h0, hd, v, out + h0 * hd); break;
+      default: axpy_heads_avx<1>(w + h0, hd, v, out + h0 * hd); break;
+    }
+  }
+#else
+  for (int h = 0; h < nh; h++) axpy_f16(w[h], v, out + h * hd, hd);
+#endif
+}
+
 void to_f16(const float* x, uint16_t* h, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)
@@ -217,19 +289,14 @@ void matmul_group(ThreadPool& pool, const std::vector<MatmulOut>& outs, const fl
     first_tile[i + 1] = first_tile[i] + (outs[i].w->n_out + ROW_TILE - 1) / ROW_TILE;
   pool.run([&](int ith, int nth) {
     auto [g0, g1] = ThreadPool::share(first_tile.back(), ith, nth);
-    float out[COL_TILE];
     size_t i = 0;
     for (int64_t g = g0; g < g1; g++) {
       while (g >= first_tile[i + 1]) i++;
       const Weight& W = *outs[i].w;
-      float* y = outs[i].y;
-      const int64_t m = W.n_out, r0 = (g - first_tile[i]) * ROW_TILE, r1 = std::min(m, r0 + ROW_TILE);
+      const int64_t m = W.n_out, r0 = (g - first_tile[i]) * ROW_TILE, nr = std::min(m - r0, ROW_TILE);
       for (int64_t t0 = 0; t0 < T; t0 += COL_TILE) {
         int nc = (int)std::min<int64_t>(COL_TILE, T - t0);
-        for (int64_t r = r0; r < r1; r++) {
-          vec_dot_cols(W.type, n, W.row(r), a + t0 * stride, stride, nc, out);
-          for (int c = 0; c < nc; c++) y[(t0 + c) * m + r] = out[c];
-        }
+        vec_dot_tile(W.type, n, W.row(r0), W.row_bytes, nr, a + t0 * stride, stride, nc, outs[i].y + t0 * m + r0, m);
       }
     }
   });

@@ -72,6 +72,11 @@ void act_invalidate(ActBuffer& act);
 float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
 // y[i] += a · h[i], h in fp16 (attention's weighted sum of V).
 void axpy_f16(float a, const uint16_t* h, float* y, int64_t n);
+// The same for the nh query heads that share one fp16 K/V row (GQA), loading the row once:
+// s[h] = Σ_i q[h·hd + i] · k[i]  and  out[h·hd + i] += w[h] · v[i], for h < nh. Each head's sum is
+// reduced in the same order as dot_f32_f16, whatever nh is.
+void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s);
+void axpy_heads_f16(const float* w, int nh, int hd, const uint16_t* v, float* out);
 // fp32 → fp16 for n values (K/V into the cache).
 void to_f16(const float* x, uint16_t* h, int64_t n);
 

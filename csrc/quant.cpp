@@ -673,11 +673,16 @@ using DeqFn = void (*)(const void*, float*, int64_t);
 using RefFn = float (*)(int64_t, const void*, const void*);
 using ColsFn = void (*)(int64_t, const void*, const uint8_t*, size_t, int, float*);  // 1 ≤ nc ≤ 8
 
+// A tile: nrows weight rows (row_bytes apart) × nc ≤ 8 activation rows, out[c · os + r]; the column
+// count is dispatched once per tile rather than once per row.
+using TileFn = void (*)(int64_t, const uint8_t*, size_t, int64_t, const uint8_t*, size_t, int, float*, size_t);
+
 struct Kernels {
   TypeTraits tt;
   DeqFn deq;
   RefFn ref;
   ColsFn cols;  // nullptr: no SIMD kernel, the reference is used
+  TileFn tile;
 };
 
 #define PS_COLS(...)                                                                            \
@@ -694,6 +699,22 @@ struct Kernels {
     }                                                                                          \
   }
 
+#define PS_TILE_CASE(K, NC)                                                                     \
+  case NC:                                                                                     \
+    for (int64_t r = 0; r < nrows; r++) {                                                      \
+      float t_[NC];                                                                            \
+      K<NC>(n, w + r * rb, a, s, t_);                                                          \
+      for (int c = 0; c < NC; c++) o[c * os + r] = t_[c];                                      \
+    }                                                                                          \
+    break;
+#define PS_TILE(K)                                                                              \
+  [](int64_t n, const uint8_t* w, size_t rb, int64_t nrows, const uint8_t* a, size_t s, int nc, float* o, size_t os) { \
+    switch (nc) {                                                                              \
+      PS_TILE_CASE(K, 1) PS_TILE_CASE(K, 2) PS_TILE_CASE(K, 3) PS_TILE_CASE(K, 4)              \
+      PS_TILE_CASE(K, 5) PS_TILE_CASE(K, 6) PS_TILE_CASE(K, 7) default: PS_TILE_CASE(K, 8)     \
+    }                                                                                          \
+  }
+
 #if PS_AVX2
 template <int NC> static void k_f32(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_float<float, ld8_f32, cvt_f32, NC>(n, w, a, s, o); }
 template <int NC> static void k_f16(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_float<uint16_t, ld8_f16, h2f, NC>(n, w, a, s, o); }
@@ -705,9 +726,9 @@ template <int NC> static void k_q4_1(int64_t n, const void* w, const uint8_t* a,
 template <int NC> static void k_q5_1(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_asym<block_q5_1, dec_q5_1, NC>(n, w, a, s, o); }
 template <int NC> static void k_q4_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_kmin<block_q4_K, dec_q4_K, NC>(n, w, a, s, o); }
 template <int NC> static void k_q5_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_kmin<block_q5_K, dec_q5_K, NC>(n, w, a, s, o); }
-#define PS_SIMD(k) PS_COLS(k)
+#define PS_SIMD(k) PS_COLS(k), PS_TILE(k)
 #else
-#define PS_SIMD(k) nullptr
+#define PS_SIMD(k) nullptr, nullptr
 #endif
 
 // Constant-initialized: no static-init guard on the hot path.
@@ -803,6 +824,23 @@ void vec_dot_cols(GGMLType t, int64_t n, const void* w_row, const void* act, siz
     return;
   }
   for (int c = 0; c < ncols; c += 8) k.cols(n, w_row, a + c * act_stride, act_stride, std::min(8, ncols - c), out + c);
+}
+
+void vec_dot_tile(GGMLType t, int64_t n, const void* w, size_t row_bytes, int64_t nrows, const void* act,
+                  size_t act_stride, int ncols, float* out, size_t out_stride) {
+  const Kernels& k = kernels_or_throw(t);
+  const uint8_t* wb = (const uint8_t*)w;
+  const uint8_t* a = (const uint8_t*)act;
+  for (int c0 = 0; c0 < ncols; c0 += 8) {
+    const int nc = std::min(8, ncols - c0);
+    if (k.tile) {
+      k.tile(n, wb, row_bytes, nrows, a + c0 * act_stride, act_stride, nc, out + c0 * out_stride, out_stride);
+      continue;
+    }
+    for (int64_t r = 0; r < nrows; r++)
+      for (int c = 0; c < nc; c++)
+        out[(c0 + c) * out_stride + r] = k.ref(n, wb + r * row_bytes, a + (c0 + c) * act_stride);
+  }
 }
 
 }  // namespace pyserve

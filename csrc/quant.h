@@ -76,4 +76,9 @@ float vec_dot_ref(GGMLType t, int64_t n, const void* w_row, const void* act_row)
 void vec_dot_cols(GGMLType t, int64_t n, const void* w_row, const void* act, size_t act_stride, int ncols,
                   float* out);
 
+// A tile of products for the matmul: nrows weight rows (w + r · row_bytes) × ncols activation rows;
+// out[c · out_stride + r] is bit-identical to vec_dot(t, n, w + r · row_bytes, act + c · act_stride).
+void vec_dot_tile(GGMLType t, int64_t n, const void* w, size_t row_bytes, int64_t nrows, const void* act,
+                  size_t act_stride, int ncols, float* out, size_t out_stride);
+
 }  // namespace pyserve

@@ -17,6 +17,14 @@ namespace {
 // How long a worker spins for the next job before it sleeps: longer than the gap between two ops of
 // a forward pass, far shorter than the gap between requests.
 constexpr auto SPIN_FOR = std::chrono::microseconds(300);
+// Busy-wait rounds before a waiting thread starts yielding its core: when the machine is oversubscribed
+// (the server's event loop, other processes) the thread we wait for may need this very core to finish.
+constexpr int PAUSE_ROUNDS = 2000;
+
+inline void backoff(int round) {
+  if (round < PAUSE_ROUNDS) cpu_relax();
+  else std::this_thread::yield();
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -47,7 +55,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   cv_.notify_all();
   fn(0, n_);
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  for (int round = 0; pending_.load(std::memory_order_acquire) != 0; round++) backoff(round);
 }
 
 void ThreadPool::worker(int ith) {
@@ -62,7 +70,7 @@ void ThreadPool::worker(int ith) {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
       }
-      cpu_relax();
+      backoff(spins);
     }
     seen = g;
     if (stop_.load()) return;

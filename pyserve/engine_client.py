@@ -7,7 +7,13 @@ at most one merged, undelivered delta, so a slow consumer never stalls the engin
 
 Cancelling a consumer (a cancel scope, an exception, closing the async generator) aborts its engine
 request in the generator's own `finally`. That `finally` may run inside an already-cancelled scope, so
-the abort is a synchronous, thread-safe enqueue: no await.
+the abort is a synchronous, thread-safe enqueue: no await. (A generator abandoned at a `yield` — the
+consumer raised or was cancelled in its own code — is closed by trio's async-generator finalizer, which
+runs the same `finally`.)
+
+Each `generate` call gets an engine-side id of its own (`<request_id>#<n>`), so a stale output of an
+earlier request with the same user id (say, the "abort" after a stop-string match) can never reach a
+newer stream.
 """
 from __future__ import annotations
 
@@ -22,6 +28,10 @@ from . import _engine
 from .output_processor import Delta, RequestState
 from .sampling_params import SamplingParams
 
+# Upper bound on the synchronous steps run at shutdown to apply the last aborts (one step is enough when
+# every live request has been aborted; the bound only guards against a request nobody aborted).
+_SHUTDOWN_STEPS = 64
+
 
 @dataclass
 class StreamOutput:
@@ -34,31 +44,57 @@ class StreamOutput:
 
 
 class RequestStream:
-    """One request's channel from the router to its consumer; undelivered deltas merge."""
+    """One request's channel from the router to its consumer; undelivered deltas merge.
 
-    def __init__(self, state: RequestState):
+    At most one task waits on a stream (its generator's), so a bare park/unpark stands in for trio.Event:
+    the hand-off is on every token's path."""
+
+    __slots__ = ("request_id", "state", "pending", "finished", "closed", "_texts", "_waiter")
+
+    def __init__(self, request_id: str, state: RequestState):
+        self.request_id = request_id
         self.state = state
         self.pending: Optional[Delta] = None
-        self.finished = False
-        self._event = trio.Event()
+        self.finished = False  # the consumer has been handed the final delta
+        self.closed = False    # the final delta has been pushed: the router routes nothing more here
+        self._texts: list[str] = []  # text of deltas merged into `pending` after its own
+        self._waiter = None    # the task parked in get(), if any
 
     def push(self, d: Delta) -> None:
-        if self.pending is None:
+        if d.finish_reason:
+            self.closed = True
+        p = self.pending
+        if p is None:
             self.pending = d
-        else:
-            p = self.pending
-            p.text += d.text
+        else:  # merge in place; text pieces are joined once, in get() (a long backlog stays linear)
+            if d.text:
+                self._texts.append(d.text)
             p.token_ids += d.token_ids
             if d.logprobs is not None:
-                p.logprobs = (p.logprobs or []) + d.logprobs
+                if p.logprobs is None:
+                    p.logprobs = d.logprobs
+                else:
+                    p.logprobs += d.logprobs
             p.finish_reason = d.finish_reason or p.finish_reason
-        self._event.set()
+        if self._waiter is not None:
+            task, self._waiter = self._waiter, None
+            trio.lowlevel.reschedule(task)
+
+    def _abort_wait(self, _raise_cancel) -> trio.lowlevel.Abort:
+        self._waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def get(self) -> Delta:
-        while self.pending is None:
-            self._event = trio.Event()
-            await self._event.wait()
+        if self.pending is None:
+            self._waiter = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)  # raises Cancelled if cancelled
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         d, self.pending = self.pending, None
+        if self._texts:
+            self._texts.insert(0, d.text)
+            d.text = "".join(self._texts)
+            self._texts = []
         if d.finish_reason:
             self.finished = True
         return d
@@ -71,15 +107,24 @@ class AsyncLLM:
         self.llm = llm
         self.tokenizer = llm.tokenizer
         self.loop = _engine.EngineLoop(llm.engine)
-        self._streams: dict[str, RequestStream] = {}
+        self._streams: dict[str, RequestStream] = {}  # engine id → stream
+        self._active: dict[str, str] = {}             # user request id → engine id
         self._ids = itertools.count()
+        self._closed = False
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, model: Optional[str] = None, **engine_options) -> AsyncIterator["AsyncLLM"]:
+    async def open(cls, model=None, **engine_options) -> AsyncIterator["AsyncLLM"]:
+        """`model`: a GGUF path, None for the default model, or an already loaded LLM (then shared: its engine
+        must not be stepped elsewhere while this is open, and engine_options must be empty)."""
         from .llm import LLM
 
-        llm = await trio.to_thread.run_sync(lambda: LLM(model, **engine_options))
+        if isinstance(model, LLM):
+            if engine_options:
+                raise TypeError("engine options apply to a model this loads, not to a given LLM")
+            llm = model
+        else:
+            llm = await trio.to_thread.run_sync(lambda: LLM(model, **engine_options))
         self = cls(llm)
         async with trio.open_nursery() as nursery:
             await nursery.start(self._route)
@@ -87,50 +132,95 @@ class AsyncLLM:
             try:
                 yield self
             finally:
-                self.abort_all()
                 nursery.cancel_scope.cancel()
-                self.loop.stop()
+                with trio.CancelScope(shield=True):
+                    await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        """Aborts every live request, ends its stream ("abort"), stops the engine thread and applies the
+        aborts so every block is back in the pool. Runs shielded: the caller may be cancelled."""
+        self._closed = True
+        self.abort_all()
+        for stream in list(self._streams.values()):
+            if not stream.closed:
+                stream.push(Delta(finish_reason="abort"))  # wakes a consumer still waiting elsewhere
+        engine = self.llm.engine
+
+        def stop_and_settle() -> None:
+            self.loop.stop()
+            for _ in range(_SHUTDOWN_STEPS):
+                if not engine.has_work():
+                    break
+                engine.step()
+
+        await trio.to_thread.run_sync(stop_and_settle)
 
     def stats(self) -> dict:
-        return self.llm.engine.stats()
+        """The engine's counters (running, waiting, blocks_total, blocks_used, preemptions, steps,
+        tokens_computed) as of its last step, plus `streams`: generate() calls not yet finished here."""
+        s = self.llm.engine.stats()
+        s["streams"] = len(self._streams)
+        return s
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request by its user id (thread-safe enqueue); its stream ends with finish_reason "abort"."""
+        eid = self._active.get(request_id)
+        if eid is not None:
+            self.loop.abort(eid)
 
     def abort_all(self) -> None:
-        for rid in list(self._streams):
-            self.loop.abort(rid)
+        for eid in list(self._streams):
+            self.loop.abort(eid)
 
     async def _route(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         fd = self.loop.fd
+        drain = self.loop.drain
+        streams = self._streams
         while True:
             await trio.lowlevel.wait_readable(fd)
-            for rid, token, logprob, top, reason, _n_prompt in self.loop.drain():
-                stream = self._streams.get(rid)
-                if stream is None:
+            for eid, token, logprob, top, reason, _n_prompt in drain():
+                stream = streams.get(eid)
+                if stream is None or stream.closed:
+                    continue  # a finished or abandoned stream; stale outputs after a stop-string abort
+                try:
+                    delta = stream.state.process(token, logprob, top, reason)
+                except Exception as e:  # a bug in text handling ends this request, not the router
+                    self.loop.abort(eid)
+                    stream.push(Delta(finish_reason=f"error: {type(e).__name__}: {e}"))
                     continue
-                delta = stream.state.process(token, logprob, top, reason)
                 if delta.finish_reason and not reason:
-                    self.loop.abort(rid)  # a stop string ended it; the engine still holds it
+                    self.loop.abort(eid)  # a stop string ended it; the engine still holds it
                 stream.push(delta)
 
     def prompt_ids(self, prompt: Union[str, list[int]], add_special: bool = True) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
         return [int(t) for t in prompt]
 
-    async def generate(self, prompt: Union[str, list[int]], params: Optional[SamplingParams] = None,
+    async def generate(self, prompt: Union[str, list[int], dict], params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamOutput]:
-        """Streams one sequence's deltas; the last one carries finish_reason. Raises ValueError at once for a
-        request the engine refuses (too long, bad ids, bad parameters)."""
+        """Streams one sequence's deltas; the last one carries finish_reason. Raises ValueError on the first
+        iteration, before anything is queued, for a request the engine refuses (too long, bad ids, bad
+        parameters, n > 1, a request id already streaming)."""
         params = params or SamplingParams()
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        if params.n != 1:
+            raise ValueError(f"AsyncLLM.generate streams one sequence: n must be 1, got {params.n}")
         ids = self.prompt_ids(prompt)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self._streams:
+        if rid in self._active:
             raise ValueError(f"duplicate request id {rid!r}")
-        stream = RequestStream(RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
-                                            params.skip_special_tokens))
-        self.loop.add(rid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                      list(params.stop_token_ids))
-        self._streams[rid] = stream
+        eid = f"{rid}#{next(self._ids)}"
+        stream = RequestStream(rid, RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
+                                                 params.skip_special_tokens))
+        self.loop.add(eid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
+                      list(params.stop_token_ids))  # validates: ValueError, nothing queued
+        self._streams[eid] = stream
+        self._active[rid] = eid
         try:
             while True:
                 d = await stream.get()
@@ -138,6 +228,8 @@ class AsyncLLM:
                 if d.finish_reason:
                     return
         finally:
-            self._streams.pop(rid, None)
-            if not stream.finished:
-                self.loop.abort(rid)
+            # No await here: this may run in a cancelled scope (Cancelled) or from aclose (GeneratorExit).
+            del self._streams[eid]
+            del self._active[rid]
+            if not stream.closed:
+                self.loop.abort(eid)

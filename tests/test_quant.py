@@ -217,6 +217,18 @@ def test_vec_dot_cols_bit_identical(t):
         assert_same_bits(cols, single)
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_vec_dot_tile_bit_identical(t):
+    """The matmul's tiles (rows x columns in one call) give exactly the per-pair vec_dot."""
+    rng = np.random.default_rng(400 + int(t))
+    n = 1024 if t not in (Q.F32, Q.F16, Q.BF16) else 1000
+    rows = np.stack([rand_row(t, n, rng) for _ in range(5)])
+    x = rand_act(n, rng, 11)
+    tile = _engine.vec_dot_tile(int(t), rows, x)
+    single = np.array([[_engine.vec_dot(int(t), rows[r], x[c]) for r in range(5)] for c in range(11)], np.float32)
+    assert_same_bits(tile, single)
+
+
 def test_vec_dot_cols_column_position_does_not_matter():
     """A token's result is the same whichever slot of the batch it sits in (batch invariance)."""
     rng = np.random.default_rng(11)
