@@ -181,12 +181,12 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
         float* s = &sc[(size_t)h * len];
         inv[h] = 1.0f / exp_shift_sum(s, len, *std::max_element(s, s + len));
       }
-      float* out = attn_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      std::fill(out, out + (size_t)group * hd, 0.f);
-      for (int j = 0; j < len; j++) {
-        for (int h = 0; h < group; h++) tmp[h] = sc[(size_t)h * len + j] * inv[h];
-        axpy_heads_f16(tmp, group, hd, kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd, out);
-      }
+      for (int h = 0; h < group; h++)
+        for (int j = 0; j < len; j++) sc[(size_t)h * len + j] *= inv[h];
+      std::vector<const uint16_t*>& rows = vrows_[ith];
+      rows.resize(len);
+      for (int j = 0; j < len; j++) rows[j] = kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
+      weighted_sum_f16(sc.data(), group, len, rows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
     }
   };
   if (items <= 1) work(0, 1);
@@ -258,6 +258,7 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
   grow(gate_, (size_t)T * hp_.n_ff);
   grow(up_, (size_t)T * hp_.n_ff);
   scores_.resize(pool.size());
+  vrows_.resize(pool.size());
 
   const float scale = spec_->embd_scale ? std::sqrt((float)E) : 1.0f;
   pool.parallel_for(T, [&](int64_t t) {

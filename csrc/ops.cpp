@@ -151,18 +151,6 @@ float dot_f32_f16(const float* a, const uint16_t* h, int64_t n) {
   return sum;
 }
 
-void axpy_f16(float a, const uint16_t* h, float* y, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  __m256 va = _mm256_set1_ps(a);
-  for (; i + 8 <= n; i += 8) {
-    __m256 hv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i)));
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, hv, _mm256_loadu_ps(y + i)));
-  }
-#endif
-  for (; i < n; i++) y[i] += a * fp16_to_fp32(h[i]);
-}
-
 namespace {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -186,24 +174,51 @@ void dot_heads_avx(const float* q, int hd, const uint16_t* k, float* s) {
   }
 }
 
+// 32 output dims × NH heads in registers while the rows stream past.
 template <int NH>
-void axpy_heads_avx(const float* w, int hd, const uint16_t* v, float* out) {
-  __m256 wv[NH];
-  for (int h = 0; h < NH; h++) wv[h] = _mm256_set1_ps(w[h]);
-  int i = 0;
-  for (; i + 8 <= hd; i += 8) {
-    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + i)));
-    for (int h = 0; h < NH; h++) {
-      float* o = out + h * hd + i;
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(wv[h], x, _mm256_loadu_ps(o)));
+void weighted_sum_avx(const float* w, int len, const uint16_t* const* v, int hd, float* out) {
+  int i0 = 0;
+  for (; i0 + 32 <= hd; i0 += 32) {
+    __m256 acc[NH][4];
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
+    for (int j = 0; j < len; j++) {
+      __m256 x[4];
+      for (int c = 0; c < 4; c++) x[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v[j] + i0 + 8 * c)));
+      for (int h = 0; h < NH; h++) {
+        __m256 wj = _mm256_set1_ps(w[h * len + j]);
+        for (int c = 0; c < 4; c++) acc[h][c] = _mm256_fmadd_ps(wj, x[c], acc[h][c]);
+      }
     }
+    for (int h = 0; h < NH; h++)
+      for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + h * hd + i0 + 8 * c, acc[h][c]);
   }
-  for (; i < hd; i++)
-    for (int h = 0; h < NH; h++) out[h * hd + i] += w[h] * fp16_to_fp32(v[i]);
+  for (int i = i0; i < hd; i++)
+    for (int h = 0; h < NH; h++) {
+      float a = 0.f;
+      for (int j = 0; j < len; j++) a = std::fma(w[h * len + j], fp16_to_fp32(v[j][i]), a);
+      out[h * hd + i] = a;
+    }
 }
 #endif
 
 }  // namespace
+
+void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v, int hd, float* out) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  for (int h0 = 0; h0 < nh; h0 += 2) {
+    if (nh - h0 >= 2) weighted_sum_avx<2>(w + h0 * len, len, v, hd, out + h0 * hd);
+    else weighted_sum_avx<1>(w + h0 * len, len, v, hd, out + h0 * hd);
+  }
+#else
+  for (int h = 0; h < nh; h++)
+    for (int i = 0; i < hd; i++) {
+      float a = 0.f;
+      for (int j = 0; j < len; j++) a = std::fma(w[h * len + j], fp16_to_fp32(v[j][i]), a);
+      out[h * hd + i] = a;
+    }
+#endif
+}
 
 void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -217,21 +232,6 @@ void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s) 
   }
 #else
   for (int h = 0; h < nh; h++) s[h] = dot_f32_f16(q + h * hd, k, hd);
-#endif
-}
-
-void axpy_heads_f16(const float* w, int nh, int hd, const uint16_t* v, float* out) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  for (int h0 = 0; h0 < nh; h0 += 4) {
-    switch (std::min(4, nh - h0)) {
-      case 4: axpy_heads_avx<4>(w + h0, hd, v, out + h0 * hd); break;
-      case 3: axpy_heads_avx<3>(w + h0, hd, v, out + h0 * hd); break;
-      case 2: axpy_heads_avx<2>(w + h0, hd, v, out + h0 * hd); break;
-      default: axpy_heads_avx<1>(w + h0, hd, v, out + h0 * hd); break;
-    }
-  }
-#else
-  for (int h = 0; h < nh; h++) axpy_f16(w[h], v, out + h * hd, hd);
 #endif
 }
 

@@ -70,13 +70,12 @@ void act_invalidate(ActBuffer& act);
 
 // Σ a[i]·h[i] with h in fp16, fixed order (attention scores against the fp16 KV cache).
 float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
-// y[i] += a · h[i], h in fp16 (attention's weighted sum of V).
-void axpy_f16(float a, const uint16_t* h, float* y, int64_t n);
-// The same for the nh query heads that share one fp16 K/V row (GQA), loading the row once:
-// s[h] = Σ_i q[h·hd + i] · k[i]  and  out[h·hd + i] += w[h] · v[i], for h < nh. Each head's sum is
-// reduced in the same order as dot_f32_f16, whatever nh is.
+// The same for the nh query heads that share one fp16 K row (GQA), loading the row once:
+// s[h] = Σ_i q[h·hd + i] · k[i] for h < nh, each reduced in the same order as dot_f32_f16.
 void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s);
-void axpy_heads_f16(const float* w, int nh, int hd, const uint16_t* v, float* out);
+// out[h·hd + i] = Σ_j w[h·len + j] · v[j][i] over j in order, for h < nh: attention's weighted sum of
+// the fp16 V rows, with the output held in registers across j (no read-modify-write per row).
+void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v, int hd, float* out);
 // fp32 → fp16 for n values (K/V into the cache).
 void to_f16(const float* x, uint16_t* h, int64_t n);
 
