@@ -103,7 +103,7 @@ class AsyncLLM:
         fd = self.loop.fd
         while True:
             await trio.lowlevel.wait_readable(fd)
-            for rid, token, logprob, top, reason, _n_prompt in self.loop.drain():
+            for rid, token, logprob, top, reason, _n_prompt, _index in self.loop.drain():
                 stream = self._streams.get(rid)
                 if stream is None:
                     continue
