@@ -8,6 +8,7 @@
 
 #include "engine.h"
 #include "engine_loop.h"
+#include "scheduler.h"
 #include "gguf.h"
 #include "model.h"
 #include "quant.h"
@@ -236,11 +237,13 @@ py::dict hparams_dict(const HParams& h) {
 py::dict config_dict(const EngineConfig& c) {
   return py::dict(py::arg("n_threads") = c.n_threads, py::arg("n_ctx") = c.n_ctx,
                   py::arg("num_kv_blocks") = c.num_kv_blocks, py::arg("block_size") = c.block_size,
-                  py::arg("max_num_seqs") = c.max_num_seqs, py::arg("max_batched_tokens") = c.max_batched_tokens);
+                  py::arg("max_num_seqs") = c.max_num_seqs, py::arg("max_batched_tokens") = c.max_batched_tokens,
+                  py::arg("enable_prefix_caching") = c.enable_prefix_caching);
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int n_ctx, int num_kv_blocks,
-                                    size_t kv_cache_memory, int block_size, int max_num_seqs, int max_batched_tokens) {
+                                    size_t kv_cache_memory, int block_size, int max_num_seqs, int max_batched_tokens,
+                                    bool enable_prefix_caching) {
   EngineConfig c;
   c.n_threads = n_threads;
   c.n_ctx = n_ctx;
@@ -249,12 +252,13 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int 
   c.block_size = block_size;
   c.max_num_seqs = max_num_seqs;
   c.max_batched_tokens = max_batched_tokens;
+  c.enable_prefix_caching = enable_prefix_caching;
   py::gil_scoped_release nogil;
   return std::make_unique<Engine>(path, c);
 }
 
 Request make_request(const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling, int max_tokens,
-                     bool ignore_eos, std::vector<int32_t> stop_token_ids) {
+                     bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
   Request r;
   r.id = id;
   r.prompt = std::move(prompt);
@@ -262,24 +266,25 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
   r.stop.max_tokens = max_tokens;
   r.stop.ignore_eos = ignore_eos;
   r.stop.stop_token_ids = std::move(stop_token_ids);
+  r.n = n;
   return r;
 }
 
 void engine_add(Engine& e, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-                int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids) {
-  e.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids)));
+                int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
+  e.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
 }
 
 void loop_add(EngineLoop& l, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-              int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids) {
-  l.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids)));
+              int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
+  l.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
 }
 
-// (id, token, logprob, top, finish_reason, n_prompt) per output
+// (id, token, logprob, top, finish_reason, n_prompt, index) per output
 py::list outputs_to_py(std::vector<StepOutput>& outs) {
   py::list l;
   for (StepOutput& o : outs)
-    l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt));
+    l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt, o.index));
   return l;
 }
 
@@ -315,22 +320,27 @@ py::dict engine_stats(Engine& e) {
   return py::dict(py::arg("running") = s.running, py::arg("waiting") = s.waiting,
                   py::arg("blocks_total") = s.blocks_total, py::arg("blocks_used") = s.blocks_used,
                   py::arg("preemptions") = s.preemptions, py::arg("steps") = s.steps,
-                  py::arg("tokens_computed") = s.tokens_computed);
+                  py::arg("tokens_computed") = s.tokens_computed,
+                  py::arg("prefix_cache_queries") = s.prefix_cache_queries,
+                  py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached);
 }
 
 void bind_engine(py::module_& m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("path"), py::arg("n_threads") = 0, py::arg("n_ctx") = 0,
            py::arg("num_kv_blocks") = 0, py::arg("kv_cache_memory") = 0, py::arg("block_size") = 16,
-           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512)
+           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512,
+           py::arg("enable_prefix_caching") = true)
       .def_property_readonly("hparams", [](const Engine& e) { return hparams_dict(e.hparams()); })
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
       .def_property("eos_ids", &Engine::eos_ids, &Engine::set_eos_ids)
       .def("add", &engine_add, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
-           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{})
-      .def("abort", &Engine::abort, py::arg("request_id"))
-      .def("step", &engine_step, "-> [(id, token, logprob, top, finish_reason, n_prompt)]; releases the GIL")
+           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
+           py::arg("n") = 1)
+      .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
+           "index < 0: every sample of the request; else that sample only")
+      .def("step", &engine_step, "-> [(id, token, logprob, top, finish_reason, n_prompt, index)]; releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
@@ -341,9 +351,223 @@ void bind_engine(py::module_& m) {
       .def("stop", &EngineLoop::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("fd", &EngineLoop::fd)
       .def("add", &loop_add, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
-           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{})
-      .def("abort", &EngineLoop::abort, py::arg("request_id"), "thread-safe, never blocks on a step")
+           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
+           py::arg("n") = 1)
+      .def("abort", &EngineLoop::abort, py::arg("request_id"), py::arg("index") = -1,
+           "thread-safe, never blocks on a step; index < 0: every sample")
       .def("drain", &loop_drain, "-> outputs since the last drain; resets the fd");
+}
+
+// ---- block manager and scheduler without a model (unit tests) ----
+
+class PyBlockManager {
+ public:
+  PyBlockManager(int num_blocks, int block_size, bool prefix_caching) : bm_(num_blocks, block_size, prefix_caching) {}
+  BlockManager& bm() { return bm_; }
+  BlockTable& table(int id) { return tables_[id]; }
+  const BlockTable& table_or_throw(int id) const {
+    auto it = tables_.find(id);
+    if (it == tables_.end()) throw std::invalid_argument("no table " + std::to_string(id));
+    return it->second;
+  }
+  // Admission with the cached prefix: -> hit tokens, or -1 (nothing changed) when blocks are short.
+  int allocate(int id, const std::vector<int32_t>& tokens, int n_tokens) {
+    std::vector<int32_t> prefix = bm_.lookup(tokens);
+    if (!bm_.can_allocate(prefix, n_tokens)) return -1;
+    return bm_.allocate(tables_[id], tokens, prefix, n_tokens);
+  }
+  py::object append(int id, int n_computed, int n_tokens) {
+    std::vector<BlockCopy> copies;
+    if (!bm_.append(tables_[id], n_computed, n_tokens, &copies)) return py::none();
+    return py::cast(copies);
+  }
+  void fork(int src, int dst) { bm_.fork(table_or_throw(src), tables_[dst]); }
+  void free(int id) {
+    auto it = tables_.find(id);
+    if (it == tables_.end()) return;
+    bm_.free(it->second);
+    tables_.erase(it);
+  }
+ private:
+  BlockManager bm_;
+  std::map<int, BlockTable> tables_;
+};
+
+// Drives the real Scheduler with fake sequences: a step marks the scheduled tokens computed and gives each
+// sampling sequence a made-up token (1000 × (index + 1) + its generated count), forking n > 1 requests as
+// the engine does. Everything the engine does but the forward and the sampler.
+class SchedulerSim {
+ public:
+  SchedulerSim(int num_blocks, int block_size, int max_num_seqs, int max_batched_tokens, bool prefix_caching)
+      : bm_(num_blocks, block_size, prefix_caching),
+        sched_(SchedulerConfig{max_num_seqs, max_batched_tokens, block_size}, bm_),
+        max_num_seqs_(max_num_seqs) {}
+
+  void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n) {
+    if (tokens.empty() || max_tokens < 1 || n < 1 || n > max_num_seqs_)
+      throw std::invalid_argument("empty prompt, max_tokens < 1, or n outside [1, max_num_seqs]");
+    if (groups_.count(id)) throw std::invalid_argument("duplicate request id '" + id + "'");
+    auto seq = std::make_unique<Sequence>();
+    seq->id = id;
+    seq->n_prompt = (int)tokens.size();
+    seq->tokens = std::move(tokens);
+    seq->stop.max_tokens = max_tokens;
+    if (n > 1)
+      for (int i = 0; i < n; i++) seq->pending_samples.push_back(i);
+    sched_.add(seq.get());
+    groups_[id].push_back(std::move(seq));
+  }
+
+  void abort(const std::string& id) {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) return;
+    for (auto& s : it->second) sched_.remove(s.get());
+    groups_.erase(it);
+  }
+
+  py::dict step() {
+    Schedule sc = sched_.schedule();
+    py::list scheduled, finished, tokens;
+    for (const ScheduledSeq& s : sc.seqs)
+      scheduled.append(py::make_tuple(s.seq->id, index_of(s.seq), s.seq->n_computed, s.n_tokens, s.sample));
+    for (const ScheduledSeq& s : sc.seqs) {
+      Sequence* seq = s.seq;
+      sched_.computed(seq, s.n_tokens);
+      if (!s.sample) continue;
+      std::vector<Sequence*> drawers{seq};
+      if (!seq->pending_samples.empty()) drawers = fork(seq);
+      for (Sequence* d : drawers) {
+        int32_t tok = 1000 * (d->index + 1) + d->n_generated();
+        d->tokens.push_back(tok);
+        tokens.append(py::make_tuple(d->id, d->index, tok));
+        if (d->n_generated() >= d->stop.max_tokens) {
+          finished.append(py::make_tuple(d->id, d->index));
+          finish(d);
+        }
+      }
+    }
+    return py::dict(py::arg("scheduled") = scheduled, py::arg("copies") = sc.copies, py::arg("tokens") = tokens,
+                    py::arg("finished") = finished);
+  }
+
+  py::list running() const {
+    py::list l;
+    for (Sequence* s : sched_.running()) l.append(py::make_tuple(s->id, index_of(s)));
+    return l;
+  }
+  py::list waiting() const {
+    py::list l;
+    for (Sequence* s : sched_.waiting()) l.append(py::make_tuple(s->id, index_of(s)));
+    return l;
+  }
+  const Sequence& seq(const std::string& id, int index) const {
+    auto it = groups_.find(id);
+    if (it != groups_.end())
+      for (auto& s : it->second)
+        if (index_of(s.get()) == index) return *s;
+    throw std::invalid_argument("no live sequence '" + id + "' #" + std::to_string(index));
+  }
+  py::dict stats() const {
+    return py::dict(py::arg("running") = sched_.num_running(), py::arg("waiting") = sched_.num_waiting(),
+                    py::arg("preemptions") = sched_.num_preemptions(), py::arg("blocks_total") = bm_.num_blocks(),
+                    py::arg("blocks_used") = bm_.num_used(), py::arg("blocks_cached") = bm_.num_cached(),
+                    py::arg("blocks_free") = bm_.num_free(), py::arg("prefix_cache_queries") = bm_.queried_tokens(),
+                    py::arg("prefix_cache_hits") = bm_.hit_tokens());
+  }
+  const BlockManager& bm() const { return bm_; }
+  bool has_work() const { return !groups_.empty(); }
+
+ private:
+  static int index_of(const Sequence* s) { return s->pending_samples.empty() ? s->index : s->pending_samples[0]; }
+
+  std::vector<Sequence*> fork(Sequence* parent) {
+    std::vector<int> idx;
+    idx.swap(parent->pending_samples);
+    parent->index = idx[0];
+    std::vector<Sequence*> out{parent};
+    auto& group = groups_[parent->id];
+    for (size_t k = 1; k < idx.size(); k++) {
+      auto child = std::make_unique<Sequence>();
+      child->id = parent->id;
+      child->index = idx[k];
+      child->tokens = parent->tokens;
+      child->n_prompt = parent->n_prompt;
+      child->stop = parent->stop;
+      sched_.fork(parent, child.get());
+      out.push_back(child.get());
+      group.push_back(std::move(child));
+    }
+    return out;
+  }
+
+  void finish(Sequence* seq) {
+    sched_.remove(seq);
+    auto it = groups_.find(seq->id);
+    auto& g = it->second;
+    g.erase(std::find_if(g.begin(), g.end(), [&](const auto& p) { return p.get() == seq; }));
+    if (g.empty()) groups_.erase(it);
+  }
+
+  BlockManager bm_;  // before sched_, which holds a reference to it
+  Scheduler sched_;
+  std::map<std::string, std::vector<std::unique_ptr<Sequence>>> groups_;
+  int max_num_seqs_;
+};
+
+void bind_runtime(py::module_& m) {
+  py::class_<PyBlockManager>(m, "BlockManager", "The engine's KV block manager over numbered tables, no model.")
+      .def(py::init<int, int, bool>(), py::arg("num_blocks"), py::arg("block_size"), py::arg("prefix_caching") = true)
+      .def_property_readonly("num_blocks", [](PyBlockManager& b) { return b.bm().num_blocks(); })
+      .def_property_readonly("block_size", [](PyBlockManager& b) { return b.bm().block_size(); })
+      .def_property_readonly("num_free", [](PyBlockManager& b) { return b.bm().num_free(); })
+      .def_property_readonly("num_used", [](PyBlockManager& b) { return b.bm().num_used(); })
+      .def_property_readonly("num_cached", [](PyBlockManager& b) { return b.bm().num_cached(); })
+      .def_property_readonly("queried_tokens", [](PyBlockManager& b) { return b.bm().queried_tokens(); })
+      .def_property_readonly("hit_tokens", [](PyBlockManager& b) { return b.bm().hit_tokens(); })
+      .def("ref_count", [](PyBlockManager& b, int blk) { return b.bm().ref_count(blk); })
+      .def("is_cached", [](PyBlockManager& b, int blk) { return b.bm().is_cached(blk); })
+      .def("allocate_block", [](PyBlockManager& b) { return b.bm().allocate_block(); })
+      .def("retain", [](PyBlockManager& b, int blk) { b.bm().retain(blk); })
+      .def("release", [](PyBlockManager& b, int blk) { return b.bm().release(blk); })
+      .def("lookup", [](PyBlockManager& b, const std::vector<int32_t>& t) { return b.bm().lookup(t); },
+           py::arg("tokens"), "-> the cached prefix's block ids (never the last token's block)")
+      .def("can_allocate", [](PyBlockManager& b, const std::vector<int32_t>& tokens, int n_tokens) {
+             return b.bm().can_allocate(b.bm().lookup(tokens), n_tokens);
+           }, py::arg("tokens"), py::arg("n_tokens"))
+      .def("allocate", &PyBlockManager::allocate, py::arg("table"), py::arg("tokens"), py::arg("n_tokens"),
+           "-> hit tokens, or -1 when blocks are short")
+      .def("append", &PyBlockManager::append, py::arg("table"), py::arg("n_computed"), py::arg("n_tokens"),
+           "-> [(src, dst)] copies, or None when blocks are short")
+      .def("commit", [](PyBlockManager& b, int id, const std::vector<int32_t>& tokens, int n_computed) {
+             b.bm().commit(b.table(id), tokens, n_computed);
+           }, py::arg("table"), py::arg("tokens"), py::arg("n_computed"))
+      .def("fork", &PyBlockManager::fork, py::arg("src"), py::arg("dst"))
+      .def("free", &PyBlockManager::free, py::arg("table"))
+      .def("table", [](PyBlockManager& b, int id) { return b.table_or_throw(id).blocks; }, py::arg("table"))
+      .def_static("hash_block", [](uint64_t parent, const std::vector<int32_t>& t) {
+        return BlockManager::hash_block(parent, t.data(), (int)t.size());
+      });
+
+  py::class_<SchedulerSim>(m, "SchedulerSim", "The engine's scheduler over fake sequences, no model.")
+      .def(py::init<int, int, int, int, bool>(), py::arg("num_blocks"), py::arg("block_size") = 16,
+           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512, py::arg("prefix_caching") = true)
+      .def("add", &SchedulerSim::add, py::arg("request_id"), py::arg("tokens"), py::arg("max_tokens"),
+           py::arg("n") = 1)
+      .def("abort", &SchedulerSim::abort, py::arg("request_id"))
+      .def("step", &SchedulerSim::step,
+           "-> {scheduled: [(id, index, n_computed, n_tokens, sample)], copies: [(src, dst)], "
+           "tokens: [(id, index, token)], finished: [(id, index)]}")
+      .def("has_work", &SchedulerSim::has_work)
+      .def("running", &SchedulerSim::running, "[(id, index)] in admission order")
+      .def("waiting", &SchedulerSim::waiting, "[(id, index)], next first")
+      .def("table", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).blocks.blocks; },
+           py::arg("request_id"), py::arg("index") = 0)
+      .def("n_computed", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).n_computed; },
+           py::arg("request_id"), py::arg("index") = 0)
+      .def("tokens", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).tokens; },
+           py::arg("request_id"), py::arg("index") = 0)
+      .def("ref_count", [](const SchedulerSim& s, int blk) { return s.bm().ref_count(blk); })
+      .def("stats", &SchedulerSim::stats);
 }
 
 }  // namespace
@@ -358,4 +582,5 @@ PYBIND11_MODULE(_engine, m) {
   bind_sampler(m);
   bind_gguf(m);
   bind_engine(m);
+  bind_runtime(m);
 }

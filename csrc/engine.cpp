@@ -30,7 +30,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);
-  blocks_ = std::make_unique<BlockPool>(nb);
+  blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
   snapshot_stats();
@@ -48,19 +48,39 @@ void Engine::add(Request req) {
       throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                                   std::to_string(hp.n_vocab) + ")");
   if (req.stop.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
-  int64_t total = (int64_t)req.prompt.size() + req.stop.max_tokens;
+  if (req.n < 1 || req.n > cfg_.max_num_seqs)
+    throw std::invalid_argument("n must be in [1, max_num_seqs = " + std::to_string(cfg_.max_num_seqs) + "], got " +
+                                std::to_string(req.n));
+  const int n_prompt = (int)req.prompt.size();
+  int64_t total = (int64_t)n_prompt + req.stop.max_tokens;
   if (total > cfg_.n_ctx)
-    throw std::invalid_argument("prompt (" + std::to_string(req.prompt.size()) + " tokens) + max_tokens (" +
+    throw std::invalid_argument("prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
                                 std::to_string(req.stop.max_tokens) + ") exceeds the context length " +
                                 std::to_string(cfg_.n_ctx));
-  if (scheduler_->blocks_needed((int)total) > blocks_->num_blocks())
-    throw std::invalid_argument("prompt + max_tokens (" + std::to_string(total) + " tokens) exceeds the KV cache (" +
+  // The prompt's full blocks are shared; each sample holds the rest (its copy of a partial last block too).
+  const int shared = n_prompt / cfg_.block_size;
+  const int64_t need = shared + (int64_t)req.n * (scheduler_->blocks_needed((int)total) - shared);
+  if (need > blocks_->num_blocks())
+    throw std::invalid_argument("prompt + " + (req.n > 1 ? std::to_string(req.n) + " × " : std::string()) +
+                                "max_tokens (" + std::to_string(n_prompt) + " + " +
+                                (req.n > 1 ? std::to_string(req.n) + " × " : std::string()) +
+                                std::to_string(req.stop.max_tokens) + " tokens) exceeds the KV cache (" +
                                 std::to_string((int64_t)blocks_->num_blocks() * cfg_.block_size) + " tokens)");
   auto seq = std::make_unique<Sequence>();
-  seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
-  seq->sampler->set_prompt(req.prompt);
+  if (req.n == 1) {
+    seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
+    seq->sampler->set_prompt(req.prompt);
+  } else {
+    for (int i = 0; i < req.n; i++) {
+      SamplingConfig c = req.sampling;
+      if (c.seed >= 0) c.seed += i;
+      seq->fork_samplers.push_back(std::make_unique<Sampler>(c, hp.n_vocab));
+      seq->fork_samplers.back()->set_prompt(req.prompt);
+      seq->pending_samples.push_back(i);
+    }
+  }
   seq->id = std::move(req.id);
-  seq->n_prompt = (int)req.prompt.size();
+  seq->n_prompt = n_prompt;
   seq->tokens = std::move(req.prompt);
   seq->stop = std::move(req.stop);
   std::lock_guard<std::mutex> lk(mu_);
@@ -69,14 +89,14 @@ void Engine::add(Request req) {
   inbox_add_.push_back(std::move(seq));
 }
 
-void Engine::abort(const std::string& id) {
+void Engine::abort(const std::string& id, int index) {
   std::lock_guard<std::mutex> lk(mu_);
-  inbox_abort_.push_back(id);
+  inbox_abort_.emplace_back(id, index);
 }
 
 void Engine::apply_pending(std::vector<StepOutput>& out) {
   std::vector<std::unique_ptr<Sequence>> adds;
-  std::vector<std::string> aborts;
+  std::vector<std::pair<std::string, int>> aborts;
   {
     std::lock_guard<std::mutex> lk(mu_);
     adds.swap(inbox_add_);
@@ -84,17 +104,41 @@ void Engine::apply_pending(std::vector<StepOutput>& out) {
   }
   for (auto& s : adds) {
     scheduler_->add(s.get());
-    seqs_[s->id] = std::move(s);
+    seqs_[s->id].push_back(std::move(s));
   }
-  for (const std::string& id : aborts) {
-    auto it = seqs_.find(id);
-    if (it == seqs_.end()) continue;
-    StepOutput o;
-    o.id = id;
-    o.finish_reason = "abort";
-    o.n_prompt = it->second->n_prompt;
-    finish(it->second.get());
-    out.push_back(std::move(o));
+  for (const auto& [id, index] : aborts) abort_now(id, index, "abort", out);
+}
+
+// Ends sample `index` (< 0: every sample) of request id with `reason`, one output per sample ended.
+void Engine::abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  std::vector<Sequence*> live;
+  for (auto& s : it->second) live.push_back(s.get());
+  for (Sequence* seq : live) {
+    auto emit = [&](int idx) {
+      StepOutput o;
+      o.id = id;
+      o.finish_reason = reason;
+      o.n_prompt = seq->n_prompt;
+      o.index = idx;
+      out.push_back(std::move(o));
+    };
+    if (!seq->pending_samples.empty()) {  // not forked yet: it stands for these samples
+      std::vector<int>& p = seq->pending_samples;
+      if (index < 0) {
+        for (int idx : p) emit(idx);
+        p.clear();
+      } else if (std::find(p.begin(), p.end(), index) != p.end()) {
+        emit(index);
+        p.erase(std::find(p.begin(), p.end(), index));
+        seq->fork_samplers[index].reset();
+      }
+      if (p.empty()) finish(seq);
+    } else if (index < 0 || seq->index == index) {
+      emit(seq->index);
+      finish(seq);
+    }
   }
 }
 
@@ -102,9 +146,37 @@ void Engine::finish(Sequence* seq) {
   scheduler_->remove(seq);
   seq->status = SeqStatus::FINISHED;
   std::string id = seq->id;
-  seqs_.erase(id);
+  auto it = seqs_.find(id);
+  auto& group = it->second;
+  group.erase(std::find_if(group.begin(), group.end(), [&](const auto& p) { return p.get() == seq; }));
+  if (!group.empty()) return;
+  seqs_.erase(it);
   std::lock_guard<std::mutex> lk(mu_);
   live_ids_.erase(id);
+}
+
+std::vector<Sequence*> Engine::fork(Sequence* parent) {
+  std::vector<int> idx;
+  idx.swap(parent->pending_samples);
+  std::vector<std::unique_ptr<Sampler>> samplers;
+  samplers.swap(parent->fork_samplers);
+  std::vector<Sequence*> out{parent};
+  parent->index = idx[0];
+  parent->sampler = std::move(samplers[idx[0]]);
+  auto& group = seqs_[parent->id];
+  for (size_t k = 1; k < idx.size(); k++) {
+    auto child = std::make_unique<Sequence>();
+    child->id = parent->id;
+    child->index = idx[k];
+    child->tokens = parent->tokens;
+    child->n_prompt = parent->n_prompt;
+    child->stop = parent->stop;
+    child->sampler = std::move(samplers[idx[k]]);
+    scheduler_->fork(parent, child.get());
+    out.push_back(child.get());
+    group.push_back(std::move(child));
+  }
+  return out;
 }
 
 void Engine::check_stop(Sequence* seq, StepOutput& o) {
@@ -119,18 +191,19 @@ void Engine::check_stop(Sequence* seq, StepOutput& o) {
 std::vector<StepOutput> Engine::step() {
   std::vector<StepOutput> out;
   apply_pending(out);
-  std::vector<ScheduledSeq> sched = scheduler_->schedule();
+  Schedule sched = scheduler_->schedule();
   if (sched.empty()) {
     snapshot_stats();
     return out;
   }
+  for (const BlockCopy& c : sched.copies) kv_->copy_block(c.first, c.second);
   batch_.clear();
-  for (const ScheduledSeq& s : sched) {
+  for (const ScheduledSeq& s : sched.seqs) {
     for (int i = 0; i < s.n_tokens; i++) {
       int p = s.seq->n_computed + i;
       batch_.tokens.push_back(s.seq->tokens[p]);
       batch_.pos.push_back(p);
-      batch_.tables.push_back(&s.seq->block_table);
+      batch_.tables.push_back(&s.seq->blocks.blocks);
     }
     if (s.sample) batch_.logit_rows.push_back((int32_t)batch_.size() - 1);
   }
@@ -139,16 +212,21 @@ std::vector<StepOutput> Engine::step() {
   tokens_computed_ += batch_.size();
   const int V = model_->hparams().n_vocab;
   size_t row = 0;
-  for (const ScheduledSeq& s : sched) {
+  for (const ScheduledSeq& s : sched.seqs) {
     Sequence* seq = s.seq;
-    seq->n_computed += s.n_tokens;
+    scheduler_->computed(seq, s.n_tokens);
     if (!s.sample) continue;
-    SampleResult r = seq->sampler->sample(logits_.data() + (row++) * V);
-    seq->tokens.push_back(r.token);
-    StepOutput o{seq->id, r.token, r.logprob, std::move(r.top), "", seq->n_prompt};
-    check_stop(seq, o);
-    if (!o.finish_reason.empty()) finish(seq);
-    out.push_back(std::move(o));
+    const float* logits = logits_.data() + (row++) * V;
+    // An n > 1 request's prompt is computed: every sample draws its first token from these logits.
+    std::vector<Sequence*> drawers = seq->pending_samples.empty() ? std::vector<Sequence*>{seq} : fork(seq);
+    for (Sequence* d : drawers) {
+      SampleResult r = d->sampler->sample(logits);
+      d->tokens.push_back(r.token);
+      StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index};
+      check_stop(d, o);
+      if (!o.finish_reason.empty()) finish(d);
+      out.push_back(std::move(o));
+    }
   }
   snapshot_stats();
   return out;
@@ -157,16 +235,9 @@ std::vector<StepOutput> Engine::step() {
 std::vector<StepOutput> Engine::fail_all(const std::string& what) {
   std::vector<StepOutput> out;
   apply_pending(out);
-  std::vector<Sequence*> live;
-  for (auto& [id, seq] : seqs_) live.push_back(seq.get());
-  for (Sequence* seq : live) {
-    StepOutput o;
-    o.id = seq->id;
-    o.finish_reason = "error: " + what;
-    o.n_prompt = seq->n_prompt;
-    finish(seq);
-    out.push_back(std::move(o));
-  }
+  std::vector<std::string> ids;
+  for (auto& [id, group] : seqs_) ids.push_back(id);
+  for (const std::string& id : ids) abort_now(id, -1, "error: " + what, out);
   snapshot_stats();
   return out;
 }
@@ -182,6 +253,9 @@ void Engine::snapshot_stats() {
   s.waiting = (int)scheduler_->num_waiting();
   s.blocks_total = blocks_->num_blocks();
   s.blocks_used = blocks_->num_used();
+  s.blocks_cached = blocks_->num_cached();
+  s.prefix_cache_queries = blocks_->queried_tokens();
+  s.prefix_cache_hits = blocks_->hit_tokens();
   s.preemptions = scheduler_->num_preemptions();
   s.steps = steps_;
   s.tokens_computed = tokens_computed_;
@@ -201,7 +275,7 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   int need = (T + bs - 1) / bs;
   if (!blocks_->can_allocate(need)) throw std::runtime_error("not enough free KV blocks");
   std::vector<int32_t> table;
-  for (int i = 0; i < need; i++) table.push_back(blocks_->allocate());
+  for (int i = 0; i < need; i++) table.push_back(blocks_->allocate_block());
   Batch b;
   for (int t = 0; t < T; t++) {
     b.tokens.push_back(tokens[t]);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "block_manager.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "scheduler.h"
@@ -27,6 +28,7 @@ struct EngineConfig {
   int block_size = 16;
   int max_num_seqs = 64;
   int max_batched_tokens = 512;
+  bool enable_prefix_caching = true;
 };
 
 struct Request {
@@ -34,6 +36,7 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingConfig sampling;
   StopConfig stop;
+  int n = 1;  // samples of the prompt: prefilled once, then forked (the prompt's blocks shared, copy on write)
 };
 
 struct StepOutput {
@@ -43,12 +46,15 @@ struct StepOutput {
   std::vector<std::pair<int32_t, float>> top;
   std::string finish_reason;                       // "", "stop", "length" or "abort"
   int n_prompt = 0;
+  int index = 0;                                   // which of the request's n samples
 };
 
 struct EngineStats {
   int running = 0, waiting = 0;
   int blocks_total = 0, blocks_used = 0;
   uint64_t preemptions = 0, steps = 0, tokens_computed = 0;
+  uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // tokens looked up at admission, tokens found
+  int blocks_cached = 0;                                      // cached blocks no sequence holds (reusable)
 };
 
 class Engine {
@@ -63,11 +69,12 @@ class Engine {
   std::vector<int32_t> eos_ids() const { return eos_ids_; }
   void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
-  // Validates (ids in the vocabulary, prompt + max_tokens within n_ctx and the pool, sampling parameters)
-  // and enqueues. Throws std::invalid_argument with the reason; a duplicate id too.
+  // Validates (ids in the vocabulary, prompt + max_tokens within n_ctx, prompt + n × max_tokens within the
+  // pool, sampling parameters) and enqueues. Throws std::invalid_argument with the reason; a duplicate id too.
   void add(Request req);
-  // Removes the request wherever it is; its blocks are free before the next step. Unknown ids: no-op.
-  void abort(const std::string& id);
+  // Removes the request (index < 0: all its samples; else that sample) wherever it is; its blocks are free
+  // before the next step. Unknown ids: no-op.
+  void abort(const std::string& id, int index = -1);
   // One schedule → forward → sample step. Returns one output per request that drew a token or finished.
   std::vector<StepOutput> step();
   bool has_work();  // thread-safe
@@ -81,6 +88,8 @@ class Engine {
 
  private:
   void apply_pending(std::vector<StepOutput>& out);
+  void abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out);
+  std::vector<Sequence*> fork(Sequence* parent);  // parent + its new siblings, one per pending sample
   void check_stop(Sequence* seq, StepOutput& o);
   void finish(Sequence* seq);
   void snapshot_stats();
@@ -90,14 +99,15 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<KVCache> kv_;
-  std::unique_ptr<BlockPool> blocks_;
+  std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int32_t> eos_ids_;
-  std::map<std::string, std::unique_ptr<Sequence>> seqs_;  // owned by the step thread
+  // request id → its live sequences (one until an n > 1 request forks); owned by the step thread
+  std::map<std::string, std::vector<std::unique_ptr<Sequence>>> seqs_;
 
   std::mutex mu_;                              // guards the two inboxes and the id set below
   std::vector<std::unique_ptr<Sequence>> inbox_add_;
-  std::vector<std::string> inbox_abort_;
+  std::vector<std::pair<std::string, int>> inbox_abort_;
   std::map<std::string, int> live_ids_;        // ids added and not yet finished
   EngineStats stats_;
 

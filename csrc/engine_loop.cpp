@@ -48,8 +48,8 @@ void EngineLoop::add(Request req) {
   wake();
 }
 
-void EngineLoop::abort(const std::string& id) {
-  engine_.abort(id);
+void EngineLoop::abort(const std::string& id, int index) {
+  engine_.abort(id, index);
   wake();
 }
 

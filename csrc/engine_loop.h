@@ -27,7 +27,7 @@ class EngineLoop {
   int fd() const { return fd_; }
 
   void add(Request req);               // Engine::add, then wakes the loop
-  void abort(const std::string& id);   // Engine::abort, then wakes the loop
+  void abort(const std::string& id, int index = -1);  // Engine::abort, then wakes the loop
   // Everything produced since the last drain, in order; clears the fd's counter.
   std::vector<StepOutput> drain();
 

@@ -22,24 +22,4 @@ void KVCache::copy_block(int src, int dst) {
   }
 }
 
-BlockPool::BlockPool(int num_blocks) : ref_(num_blocks, 0) {
-  free_.reserve(num_blocks);
-  for (int b = num_blocks - 1; b >= 0; b--) free_.push_back(b);
-}
-
-int BlockPool::allocate() {
-  if (free_.empty()) throw std::runtime_error("KV block pool exhausted");
-  int b = free_.back();
-  free_.pop_back();
-  ref_[b] = 1;
-  return b;
-}
-
-int BlockPool::release(int block) {
-  int& r = ref_.at(block);
-  if (r <= 0) throw std::logic_error("release of free KV block " + std::to_string(block));
-  if (--r == 0) free_.push_back(block);
-  return r;
-}
-
 }  // namespace pyserve

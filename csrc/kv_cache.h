@@ -1,4 +1,4 @@
-// kv_cache: paged K/V storage and the pool of its blocks.
+// kv_cache: paged K/V storage (block ids are handed out by BlockManager, block_manager.h).
 //
 // Storage is one arena per layer of num_blocks × block_size token slots, each slot holding the K (or V)
 // vectors of all KV heads in fp16 (as llama.cpp's default; half the memory and bandwidth of f32). The
@@ -36,26 +36,6 @@ class KVCache {
   }
   int n_layer_, kv_dim_, num_blocks_, block_size_;
   std::unique_ptr<uint16_t[]> k_, v_;  // [n_layer][num_blocks][block_size][kv_dim] fp16
-};
-
-// Reference-counted block ids. allocate() throws std::runtime_error when none is free: callers check
-// num_free() (or can_allocate) first.
-class BlockPool {
- public:
-  explicit BlockPool(int num_blocks);
-  int num_blocks() const { return (int)ref_.size(); }
-  int num_free() const { return (int)free_.size(); }
-  int num_used() const { return num_blocks() - num_free(); }
-  bool can_allocate(int n) const { return n <= num_free(); }
-  int allocate();
-  void retain(int block) { ref_.at(block)++; }
-  // Drops one reference; the block returns to the free list at zero. Returns the remaining count.
-  int release(int block);
-  int ref_count(int block) const { return ref_.at(block); }
-
- private:
-  std::vector<int> ref_;   // [num_blocks]
-  std::vector<int> free_;  // a stack of free ids
 };
 
 }  // namespace pyserve

@@ -4,7 +4,7 @@
 
 namespace pyserve {
 
-Scheduler::Scheduler(const SchedulerConfig& cfg, BlockPool& pool) : cfg_(cfg), pool_(pool) {}
+Scheduler::Scheduler(const SchedulerConfig& cfg, BlockManager& blocks) : cfg_(cfg), blocks_(blocks) {}
 
 void Scheduler::add(Sequence* seq) {
   seq->status = SeqStatus::WAITING;
@@ -14,60 +14,72 @@ void Scheduler::add(Sequence* seq) {
 void Scheduler::remove(Sequence* seq) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
-  free_blocks(seq);
-}
-
-bool Scheduler::grow_table(Sequence* seq, int n_tokens) {
-  int need = blocks_needed(n_tokens) - (int)seq->block_table.size();
-  if (need <= 0) return true;
-  if (!pool_.can_allocate(need)) return false;
-  for (int i = 0; i < need; i++) seq->block_table.push_back(pool_.allocate());
-  return true;
-}
-
-void Scheduler::free_blocks(Sequence* seq) {
-  for (int b : seq->block_table) pool_.release(b);
-  seq->block_table.clear();
+  blocks_.free(seq->blocks);
 }
 
 void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
-  free_blocks(seq);
+  blocks_.free(seq->blocks);
   seq->n_computed = 0;
   seq->status = SeqStatus::WAITING;
   waiting_.push_front(seq);
   preemptions_++;
 }
 
-std::vector<ScheduledSeq> Scheduler::schedule() {
-  std::vector<ScheduledSeq> out;
+void Scheduler::computed(Sequence* seq, int n) {
+  seq->n_computed += n;
+  blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
+}
+
+void Scheduler::fork(Sequence* parent, Sequence* child) {
+  blocks_.fork(parent->blocks, child->blocks);
+  child->n_computed = parent->n_computed;
+  child->status = SeqStatus::RUNNING;
+  child->arrival = admitted_++;
+  running_.push_back(child);
+}
+
+Schedule Scheduler::schedule() {
+  Schedule out;
   int budget = cfg_.max_batched_tokens;
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; i++) {
     Sequence* seq = running_[i];
     int n = std::min(seq->n_pending(), budget);
+    if (n <= 0) continue;
     // Free blocks by preempting the newest running sequences (never one already scheduled).
-    while (!grow_table(seq, seq->n_computed + n) && running_.back() != seq) {
+    bool ok;
+    while (!(ok = blocks_.append(seq->blocks, seq->n_computed, seq->n_computed + n, &out.copies)) &&
+           running_.back() != seq) {
       preempt(running_.back());
       preempted = true;
     }
-    if (!grow_table(seq, seq->n_computed + n)) {
+    if (!ok) {
       preempt(seq);
       preempted = true;
       break;
     }
-    out.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
+    out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
     budget -= n;
   }
-  while (!preempted && !waiting_.empty() && budget > 0 && (int)running_.size() < cfg_.max_num_seqs) {
+  // A request of n samples takes n seats of the sequence cap from its admission on (it forks later).
+  auto seats = [](const Sequence* s) { return std::max<int>(1, (int)s->pending_samples.size()); };
+  int used = 0;
+  for (const Sequence* s : running_) used += seats(s);
+  while (!preempted && !waiting_.empty() && budget > 0 && used + seats(waiting_.front()) <= cfg_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    int n = std::min(seq->n_pending(), budget);
-    if (!grow_table(seq, seq->n_computed + n)) break;
+    std::vector<int32_t> prefix = blocks_.lookup(seq->tokens);
+    int hit = (int)prefix.size() * cfg_.block_size;
+    int n = std::min((int)seq->tokens.size() - hit, budget);
+    if (!blocks_.can_allocate(prefix, hit + n)) break;
     waiting_.pop_front();
+    blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n);
+    seq->n_computed = hit;
     seq->status = SeqStatus::RUNNING;
     seq->arrival = admitted_++;
     running_.push_back(seq);
-    out.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
+    used += seats(seq);
+    out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
     budget -= n;
   }
   return out;

@@ -1,19 +1,23 @@
 // scheduler: continuous batching. Each step takes running sequences first (oldest first), then admits
 // waiting ones, under a token budget and a sequence cap; a long prompt is cut into chunks that fit the
-// budget. When KV blocks run out, the most recently admitted running sequence is preempted: its blocks
-// are freed and it waits again, to be recomputed from its tokens.
+// budget. An admitted sequence reuses the longest cached prefix of its tokens (its computed count starts at
+// the hit). When KV blocks run out, the most recently admitted running sequence is preempted: its blocks are
+// released (full computed ones stay cached) and it waits again, to be recomputed from its tokens.
+//
+// One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
+// computed() is how a step reports progress (the engine after its forward, the simulator at once).
 #pragma once
 
 #include <deque>
 #include <vector>
 
-#include "kv_cache.h"
+#include "block_manager.h"
 #include "sequence.h"
 
 namespace pyserve {
 
 struct SchedulerConfig {
-  int max_num_seqs = 64;          // running sequences at most
+  int max_num_seqs = 64;          // running sequences at most (a request of n samples counts n)
   int max_batched_tokens = 512;   // tokens per step at most
   int block_size = 16;            // tokens per KV block
 };
@@ -24,26 +28,36 @@ struct ScheduledSeq {
   bool sample;    // the step computes its last token, so a new one is drawn
 };
 
+struct Schedule {
+  std::vector<ScheduledSeq> seqs;
+  std::vector<BlockCopy> copies;  // copy-on-write: KVCache::copy_block(src, dst) before the forward
+  bool empty() const { return seqs.empty(); }
+};
+
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& cfg, BlockPool& pool);
+  Scheduler(const SchedulerConfig& cfg, BlockManager& blocks);
 
   void add(Sequence* seq);                   // queues a new sequence (WAITING)
-  void remove(Sequence* seq);                // from whichever queue; frees its blocks
-  std::vector<ScheduledSeq> schedule();      // the next step; empty when there is nothing to do
+  void remove(Sequence* seq);                // from whichever queue; releases its blocks
+  Schedule schedule();                       // the next step; empty when there is nothing to do
+  // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
+  void computed(Sequence* seq, int n);
+  // child (fresh, same tokens as the running parent) joins the running set sharing the parent's blocks.
+  void fork(Sequence* parent, Sequence* child);
   int blocks_needed(int n_tokens) const { return (n_tokens + cfg_.block_size - 1) / cfg_.block_size; }
 
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
   uint64_t num_preemptions() const { return preemptions_; }
+  const std::vector<Sequence*>& running() const { return running_; }
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
 
  private:
-  bool grow_table(Sequence* seq, int n_tokens);  // blocks to hold n_tokens; false if the pool is short
-  void free_blocks(Sequence* seq);
   void preempt(Sequence* seq);
 
   SchedulerConfig cfg_;
-  BlockPool& pool_;
+  BlockManager& blocks_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // in admission order
   uint64_t preemptions_ = 0;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "block_manager.h"
 #include "sampler.h"
 
 namespace pyserve {
@@ -23,13 +24,18 @@ struct StopConfig {
 
 struct Sequence {
   std::string id;
+  int index = 0;                     // which of the request's n samples (after the fork)
   std::vector<int32_t> tokens;       // prompt then generated ids
   int n_prompt = 0;
   int n_computed = 0;                // tokens whose K/V are in the cache
-  std::vector<int32_t> block_table;  // logical block → physical block
+  BlockTable blocks;                 // logical block → physical block, and the prefix-cache hashes
   SeqStatus status = SeqStatus::WAITING;
   StopConfig stop;
   std::unique_ptr<Sampler> sampler;
+  // n > 1: the sample indexes this sequence still stands for until its prompt is computed; then it forks
+  // into one sequence per index (sharing the prompt's blocks), each with its own sampler (seed + index).
+  std::vector<int> pending_samples;
+  std::vector<std::unique_ptr<Sampler>> fork_samplers;  // [n], by sample index, until the fork
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }

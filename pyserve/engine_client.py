@@ -179,7 +179,7 @@ class AsyncLLM:
         streams = self._streams
         while True:
             await trio.lowlevel.wait_readable(fd)
-            for eid, token, logprob, top, reason, _n_prompt in drain():
+            for eid, token, logprob, top, reason, _n_prompt, _index in drain():
                 stream = streams.get(eid)
                 if stream is None or stream.closed:
                     continue  # a finished or abandoned stream; stale outputs after a stop-string abort

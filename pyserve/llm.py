@@ -51,14 +51,14 @@ class LLM:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         outputs = [self._add(p, params) for p in prompts]
-        live = {rid: (out, idx, state) for out, subs in outputs for rid, idx, state in subs}
+        live = {key: (out, state) for out, subs in outputs for key, state in subs}
         try:
             while live:
-                for rid, token, logprob, top, reason, _ in self.engine.step():
-                    self._apply(live, rid, token, logprob, top, reason)
+                for rid, token, logprob, top, reason, _, idx in self.engine.step():
+                    self._apply(live, (rid, idx), token, logprob, top, reason)
         finally:
-            for rid in live:
-                self.engine.abort(rid)
+            for rid, idx in live:
+                self.engine.abort(rid, idx)
             while self.engine.has_work():
                 self.engine.step()
         return [out for out, _ in outputs]
@@ -66,14 +66,14 @@ class LLM:
     def _add(self, prompt: PromptType, params: SamplingParams) -> tuple[RequestOutput, list]:
         text, ids = self._prompt_ids(prompt)
         out = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids, outputs=[])
+        # One engine request for the n samples: the prompt is computed once, then forked (seed + i per sample).
+        self.engine.add(out.request_id, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
+                        list(params.stop_token_ids), n=params.n)
         subs = []
         for i in range(params.n):
-            rid = f"{out.request_id}-{i}"
-            self.engine.add(rid, ids, params.engine_sampling(i), params.max_tokens, params.ignore_eos,
-                            list(params.stop_token_ids))
             out.outputs.append(CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None))
-            subs.append((rid, i, RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
-                                              params.skip_special_tokens)))
+            subs.append(((out.request_id, i), RequestState(self.tokenizer, ids, params.stop,
+                                                           params.logprobs is not None, params.skip_special_tokens)))
         return out, subs
 
     def _prompt_ids(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
@@ -83,11 +83,12 @@ class LLM:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         raise TypeError(f"a prompt is a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
 
-    def _apply(self, live: dict, rid: str, token: int, logprob: float, top: list, reason: str) -> None:
-        entry = live.get(rid)
+    def _apply(self, live: dict, key: tuple[str, int], token: int, logprob: float, top: list, reason: str) -> None:
+        entry = live.get(key)
         if entry is None:
             return
-        out, idx, state = entry
+        out, state = entry
+        rid, idx = key
         delta = state.process(token, logprob, top, reason)
         comp = out.outputs[idx]
         comp.text += delta.text
@@ -96,7 +97,7 @@ class LLM:
             comp.logprobs += delta.logprobs
         if delta.finish_reason:
             comp.finish_reason = delta.finish_reason
-            del live[rid]
-            if not reason:  # a stop string ended it: the engine still holds the request
-                self.engine.abort(rid)
+            del live[key]
+            if not reason:  # a stop string ended it: the engine still holds this sample
+                self.engine.abort(rid, idx)
             out.finished = all(c.finish_reason for c in out.outputs)

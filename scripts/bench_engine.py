@@ -37,8 +37,7 @@ def run_to_end(engine, reqs: dict) -> tuple[float, float, int]:
     tokens = 0
     live = set(reqs)
     while live:
-        for rid, tok, *_rest in engine.step():
-            reason = _rest[2]
+        for rid, tok, _lp, _top, reason, _n_prompt, _index in engine.step():
             if tok >= 0:
                 tokens += 1
                 first = first or time.perf_counter()
