@@ -49,7 +49,8 @@ def run_to_end(engine, reqs: dict) -> tuple[float, float, int]:
 def bench_pyserve(path: str, threads: int, prefill_len: int, decode_len: int) -> dict:
     from pyserve import _engine
 
-    eng = _engine.Engine(path, n_threads=threads, max_batched_tokens=max(512, prefill_len))
+    # No prefix caching here: repeated rounds re-send the same prompts and must not hit the cache.
+    eng = _engine.Engine(path, n_threads=threads, max_batched_tokens=max(512, prefill_len), enable_prefix_caching=False)
     V = eng.hparams["n_vocab"]
     greedy = {"temperature": 0.0}
     res = {}
@@ -75,6 +76,56 @@ def bench_pyserve(path: str, threads: int, prefill_len: int, decode_len: int) ->
     res["rss_mb"] = rss_mb()
     res["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return res
+
+
+def decode_phase_rate(engine, reqs: set) -> float:
+    """Steps until all of reqs finish; tokens/s counted from the step at which every request is decoding
+    (each has drawn its first token: prompts done) to the end, so prefill does not dilute the figure."""
+    started, live = set(), set(reqs)
+    t_all, tokens = None, 0
+    while live:
+        outs = engine.step()
+        now = time.perf_counter()
+        for rid, tok, _lp, _top, reason, _n_prompt, _index in outs:
+            if t_all is not None and tok >= 0:
+                tokens += 1
+            started.add(rid)
+            if reason:
+                live.discard(rid)
+        if t_all is None and started >= reqs:
+            t_all = now
+    return tokens / (time.perf_counter() - t_all) if tokens else 0.0
+
+
+def bench_concurrency(path: str, threads: int, levels=(1, 4, 16, 64), prompt_len=256, out_len=128) -> dict:
+    """Aggregate decode tokens/s with `level` requests in flight (256-token prompts, 128 output tokens)."""
+    from pyserve import _engine
+
+    eng = _engine.Engine(path, n_threads=threads, enable_prefix_caching=False)
+    V = eng.hparams["n_vocab"]
+    res = {}
+    for level in levels:
+        reqs = set()
+        for i in range(level):
+            rid = f"c{level}-{i}"
+            eng.add(rid, synthetic_prompt(prompt_len, V, 1000 * level + i), {"temperature": 0.0}, out_len, True)
+            reqs.add(rid)
+        res[level] = decode_phase_rate(eng, reqs)
+    return res
+
+
+def bench_prefix_cache(path: str, threads: int, cached=1000, extra=8) -> float:
+    """TTFT of a request whose first `cached` tokens are in the prefix cache, over a cold one's."""
+    from pyserve import _engine
+
+    eng = _engine.Engine(path, n_threads=threads, max_batched_tokens=512)
+    V = eng.hparams["n_vocab"]
+    shared = synthetic_prompt(cached, V, 7)
+    eng.add("cold", shared + synthetic_prompt(extra, V, 8)[1:], {"temperature": 0.0}, 1, True)
+    cold, _, _ = run_to_end(eng, {"cold": 1})
+    eng.add("warm", shared + synthetic_prompt(extra, V, 9)[1:], {"temperature": 0.0}, 1, True)
+    warm, _, _ = run_to_end(eng, {"warm": 1})
+    return warm / cold
 
 
 def bench_llama_cpp(path: str, threads: int, prefill_len: int, decode_len: int) -> dict:
@@ -115,6 +166,9 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--llama-cpp", action="store_true", help="also run llama-cpp-python's Llama on the same file")
     ap.add_argument("--rounds", type=int, default=1, help="alternate the runs this many times; keep the best")
+    ap.add_argument("--concurrency", action="store_true",
+                    help="aggregate decode tokens/s at 1, 4, 16, 64 requests (256-token prompts, 128 out) and the "
+                         "prefix-cache TTFT ratio")
     args = ap.parse_args()
     from pyserve.model_source import resolve_model
 
@@ -128,6 +182,11 @@ def main() -> None:
     print(f"pyserve  prefill {ours['prefill_tok_s']:8.1f} tok/s  decode {ours['decode_tok_s']:6.1f} tok/s  "
           f"batch8 {ours['batch8_decode_tok_s']:7.1f} tok/s  batch32 {ours['batch32_decode_tok_s']:7.1f} tok/s  "
           f"rss {ours['rss_mb']:.0f} MB (max {ours['max_rss_mb']:.0f} MB)")
+    if args.concurrency:
+        agg = bench_concurrency(path, args.threads)
+        print("aggregate decode " + "  ".join(f"{k}: {v:.1f} tok/s" for k, v in agg.items()) +
+              f"   (16 vs 1: {agg[16] / agg[1]:.2f}x)")
+        print(f"prefix cache: TTFT with 1000 cached tokens / cold = {bench_prefix_cache(path, args.threads):.3f}")
     if args.llama_cpp:
         print(f"llama.cpp prefill {ref['prefill_tok_s']:8.1f} tok/s  decode {ref['decode_tok_s']:6.1f} tok/s")
         print(f"ratio    prefill {ours['prefill_tok_s'] / ref['prefill_tok_s']:.2f}x  "

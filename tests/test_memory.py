@@ -1,0 +1,35 @@
+"""Tensors are mmapped, not copied: resident memory after loading and running the model stays near the
+file's size (the whole file is touched by one forward pass), never twice it."""
+import json
+import os
+import subprocess
+import sys
+
+SCRIPT = r"""
+import json, sys
+from pyserve import _engine
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+path = sys.argv[1]
+base = rss()
+eng = _engine.Engine(path, n_threads=1, num_kv_blocks=64)
+loaded = rss()
+eng.prompt_logits([2, 651, 6037, 563], [3])
+ran = rss()
+print(json.dumps({"base": base, "loaded": loaded, "ran": ran}))
+"""
+
+
+def test_resident_memory_about_the_file_size(model_path):
+    out = subprocess.run([sys.executable, "-c", SCRIPT, model_path], capture_output=True, text=True, check=True)
+    m = json.loads(out.stdout)
+    size = os.path.getsize(model_path)
+    after_load = m["loaded"] - m["base"]
+    after_run = m["ran"] - m["base"]
+    print(f"file {size / 2**20:.0f} MiB; RSS +{after_load / 2**20:.0f} MiB after load, +{after_run / 2**20:.0f} MiB after a forward")
+    assert after_load < 0.5 * size  # mapped, not read: metadata and small tensors only (the output matrix alone is 0.7x)
+    assert after_run < 1.25 * size   # every weight page touched once, plus work buffers: not two copies
