@@ -11,8 +11,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M Q4_K_M from its PyPI package)")
     p.add_argument("--threads", type=int, default=0, help="engine threads (default: one per core)")
     p.add_argument("--ctx-size", type=int, default=0, help="max tokens per sequence (default: the model's, at most 8192)")
-    p.add_argument("--num-kv-blocks", type=int, default=0, help="KV cache blocks of 16 tokens")
-    p.add_argument("--kv-cache-memory", type=int, default=0, help="KV cache size in bytes")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--num-kv-blocks", type=int, default=0, help="KV cache blocks of 16 tokens")
+    kv.add_argument("--kv-cache-memory", type=_bytes, default=0, help="KV cache size in bytes (K/M/G suffixes allowed)")
     p.add_argument("--max-num-seqs", type=int, default=64)
 
 
@@ -31,6 +32,26 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bytes(text: str) -> int:
+    """A byte count, with an optional K/M/G/T suffix (powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r}") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import ServeOptions, run
+
+    return run(ServeOptions(model=args.model, host=args.host, port=args.port,
+                            served_model_name=args.served_model_name, chat_template=args.chat_template,
+                            api_key=args.api_key, drain_timeout=args.drain_timeout, n_threads=args.threads,
+                            n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
+                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="pyserve", description="A local LLM server for GGUF models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,6 +62,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_generate)
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    _engine_args(srv)
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="0: any free port (the ready line names it)")
+    srv.add_argument("--served-model-name", default=None, help="the model name clients use (default: the file name)")
+    srv.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template file")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--drain-timeout", type=float, default=30.0,
+                     help="seconds in-flight requests may run on after SIGINT/SIGTERM")
+    srv.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

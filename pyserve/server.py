@@ -1,0 +1,136 @@
+"""`pyserve serve`: Hypercorn (trio worker) around the app, the model loaded while it listens, and a drain
+on SIGINT / SIGTERM.
+
+Shutdown: the first signal stops accepting connections and answers new requests 503; in-flight requests
+run on until they finish or the drain deadline passes, then every remaining stream ends with an error chunk
+("server shutting down") and [DONE]; the engine aborts what is left, and the process exits 0. A second
+signal skips the wait.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .app import ServerConfig, create_app
+
+log = logging.getLogger("pyserve.server")
+
+
+@dataclass
+class ServeOptions:
+    model: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: Optional[str] = None
+    chat_template: Optional[str] = None  # a file path
+    api_key: Optional[str] = None
+    drain_timeout: float = 30.0
+    n_threads: int = 0
+    n_ctx: int = 0
+    num_kv_blocks: int = 0
+    kv_cache_memory: int = 0
+    max_num_seqs: int = 64
+
+
+async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int:
+    from .engine_client import AsyncLLM
+
+    template = None
+    if opts.chat_template:
+        with open(opts.chat_template, encoding="utf-8") as f:
+            template = f.read()
+    app = create_app(None, ServerConfig(opts.served_model_name, template, opts.api_key))
+    state = app.pyserve
+
+    hc = HypercornConfig()
+    hc.bind = [f"[{opts.host}]:{opts.port}" if ":" in opts.host else f"{opts.host}:{opts.port}"]
+    hc.graceful_timeout = opts.drain_timeout + 5.0
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.keep_alive_timeout = 30
+
+    stop = trio.Event()  # first signal
+    force = trio.Event()  # second signal
+    code = 0
+
+    async def signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+            task_status.started()
+            async for signum in sigs:
+                if not stop.is_set():
+                    log.warning("%s: draining (up to %.0f s)", signal.Signals(signum).name, opts.drain_timeout)
+                    state.stopping = True
+                    stop.set()
+                else:
+                    force.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(signals)
+        binds = await nursery.start(partial(hypercorn_serve, app, hc, shutdown_trigger=stop.wait))
+        url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
+        engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
+                           kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs)
+        try:
+            async with AsyncLLM.open(opts.model, **engine_opts) as engine:
+                state.set_engine(engine)
+                if not stop.is_set():
+                    print(f"pyserve: serving {state.served_model_name} on {url}", flush=True)
+                    task_status.started(url)
+                await stop.wait()
+                with trio.move_on_after(opts.drain_timeout):
+                    async with trio.open_nursery() as waiters:
+                        async def wait_force():
+                            await force.wait()
+                            waiters.cancel_scope.cancel()
+
+                        waiters.start_soon(wait_force)
+                        while state.inflight:
+                            await trio.sleep(0.05)
+                        waiters.cancel_scope.cancel()
+                if state.inflight:
+                    log.warning("drain deadline: ending %d in-flight request(s)", state.inflight)
+                state.draining.set()
+                with trio.move_on_after(2.0):
+                    while state.inflight:
+                        await trio.sleep(0.01)
+        except (ValueError, FileNotFoundError, OSError) as e:
+            print(f"pyserve: error: {e}", file=sys.stderr, flush=True)
+            code = 2
+            stop.set()
+        # hypercorn returns once its connections close (bounded by graceful_timeout)
+        with trio.move_on_after(3.0):
+            while True:
+                await trio.sleep(0.05)
+                if len(nursery.child_tasks) <= 1:
+                    break
+        nursery.cancel_scope.cancel()
+    log.info("pyserve: stopped")
+    return code
+
+
+def run(opts: ServeOptions) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        return trio.run(serve, opts)
+    except BaseException as e:  # noqa: BLE001 - unwrap a lone error from trio's exception groups
+        leaf = e
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, (OSError, ValueError)):
+            print(f"pyserve: error: {leaf}", file=sys.stderr, flush=True)
+            return 2
+        if isinstance(leaf, KeyboardInterrupt):
+            return 130
+        raise

@@ -1,0 +1,83 @@
+"""Server-sent events, and the producer that runs one response's engine requests.
+
+`choice_outputs` runs every choice of a response (n per prompt) as its own `AsyncLLM.generate` in one
+nursery and hands the consumer batches: everything that arrived since the last batch, so the events of one
+engine step go out in one body write. It runs as a `trio.as_safe_channel` generator: the consumer (the
+HTTP response body) owns it with `async with`, so when the consumer is cancelled (client disconnect) or
+stops early, the nursery is cancelled and each generate's `finally` aborts its engine request.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import trio
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+           "X-Accel-Buffering": "no"}
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def event(obj) -> bytes:
+    return b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+@dataclass
+class Job:
+    index: int  # the choice index
+    prompt_ids: list[int]
+    params: object  # SamplingParams with max_tokens set
+    request_id: str
+
+
+class Shutdown:
+    """Sentinel item: the server is shutting down; end the response."""
+
+
+SHUTDOWN = Shutdown()
+
+
+@trio.as_safe_channel
+async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event] = None):
+    """Yields lists of (choice index, StreamOutput | Exception), or [SHUTDOWN]. Ends when every choice ends."""
+    send, recv = trio.open_memory_channel(math.inf)
+
+    async def run(job: Job) -> None:
+        try:
+            async for out in engine.generate(job.prompt_ids, job.params, job.request_id):
+                send.send_nowait((job.index, out))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer as an in-band error
+            send.send_nowait((job.index, e))
+
+    async def watch() -> None:
+        await shutdown.wait()
+        send.send_nowait(SHUTDOWN)
+
+    async with trio.open_nursery() as nursery:
+        for job in jobs:
+            nursery.start_soon(run, job)
+        if shutdown is not None:
+            nursery.start_soon(watch)
+        left = len(jobs)
+        while left:
+            batch = [await recv.receive()]
+            while True:
+                try:
+                    batch.append(recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            if any(item is SHUTDOWN for item in batch):
+                yield [SHUTDOWN]  # (cancelling before a yield would cancel the hand-over too)
+                nursery.cancel_scope.cancel()
+                return
+            for _idx, out in batch:
+                if isinstance(out, Exception) or out.finish_reason:
+                    left -= 1
+            yield batch
+        nursery.cancel_scope.cancel()
