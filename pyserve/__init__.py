@@ -2,7 +2,7 @@
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "create_app"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "create_app"]
 
 
 def __getattr__(name: str):
@@ -11,6 +11,10 @@ def __getattr__(name: str):
         from .llm import LLM
 
         return LLM
+    if name == "AsyncLLM":
+        from .engine_client import AsyncLLM
+
+        return AsyncLLM
     if name == "create_app":  # the ASGI app around an open AsyncLLM (Quart-Trio: serve it on a trio server)
         from .app import create_app
 
