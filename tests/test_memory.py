@@ -24,8 +24,11 @@ print(json.dumps({"base": base, "loaded": loaded, "ran": ran}))
 """
 
 
-def test_resident_memory_about_the_file_size(model_path):
-    out = subprocess.run([sys.executable, "-c", SCRIPT, model_path], capture_output=True, text=True, check=True)
+def test_resident_memory_about_the_file_size(model_path, tmp_path):
+    # cwd elsewhere: `python -c` puts the cwd first on sys.path, and the source tree has no built extension.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", SCRIPT, model_path], capture_output=True, text=True, check=True,
+                         cwd=tmp_path, env=env)
     m = json.loads(out.stdout)
     size = os.path.getsize(model_path)
     after_load = m["loaded"] - m["base"]
