@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from . import bench
+
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M Q4_K_M from its PyPI package)")
@@ -72,6 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     srv.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
     srv.set_defaults(func=_serve)
+    bench.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
