@@ -487,12 +487,7 @@ class SchedulerSim {
     std::vector<Sequence*> out{parent};
     auto& group = groups_[parent->id];
     for (size_t k = 1; k < idx.size(); k++) {
-      auto child = std::make_unique<Sequence>();
-      child->id = parent->id;
-      child->index = idx[k];
-      child->tokens = parent->tokens;
-      child->n_prompt = parent->n_prompt;
-      child->stop = parent->stop;
+      auto child = parent->sibling(idx[k]);
       sched_.fork(parent, child.get());
       out.push_back(child.get());
       group.push_back(std::move(child));

@@ -165,12 +165,7 @@ std::vector<Sequence*> Engine::fork(Sequence* parent) {
   parent->sampler = std::move(samplers[idx[0]]);
   auto& group = seqs_[parent->id];
   for (size_t k = 1; k < idx.size(); k++) {
-    auto child = std::make_unique<Sequence>();
-    child->id = parent->id;
-    child->index = idx[k];
-    child->tokens = parent->tokens;
-    child->n_prompt = parent->n_prompt;
-    child->stop = parent->stop;
+    auto child = parent->sibling(idx[k]);
     child->sampler = std::move(samplers[idx[k]]);
     scheduler_->fork(parent, child.get());
     out.push_back(child.get());

@@ -40,6 +40,18 @@ struct Sequence {
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }
   int n_pending() const { return (int)tokens.size() - n_computed; }
+
+  // A sibling sample after the prompt: same request, tokens and stop config; no blocks or sampler yet
+  // (the caller forks the block table and gives it its own sampler).
+  std::unique_ptr<Sequence> sibling(int sample_index) const {
+    auto s = std::make_unique<Sequence>();
+    s->id = id;
+    s->index = sample_index;
+    s->tokens = tokens;
+    s->n_prompt = n_prompt;
+    s->stop = stop;
+    return s;
+  }
 };
 
 }  // namespace pyserve

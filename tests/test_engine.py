@@ -6,14 +6,9 @@ import pytest
 from pyserve import LLM, SamplingParams
 from pyserve import _engine
 
-PROMPTS = [
-    "Once upon a time",
-    "The capital of France is",
-    "def fibonacci(n):",
-    "In 1492, Columbus",
-    "Water boils at",
-    "The quick brown fox jumps over the lazy dog because",
-]
+from prompts import PROMPTS as ALL_PROMPTS
+
+PROMPTS = ALL_PROMPTS[:6]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
 
 

@@ -10,16 +10,7 @@ import trio
 from pyserve import SamplingParams
 from pyserve.engine_client import AsyncLLM
 
-PROMPTS = [
-    "Once upon a time",
-    "The capital of France is",
-    "def fibonacci(n):",
-    "In 1492, Columbus",
-    "Water boils at",
-    "The quick brown fox jumps over the lazy dog because",
-    "My favourite recipe for soup",
-    "1, 2, 3, 4,",
-]
+from prompts import PROMPTS
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
 LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 GC_CLOSED = pytest.mark.filterwarnings("ignore:Async generator.*garbage collected:ResourceWarning")
