@@ -280,11 +280,12 @@ void loop_add(EngineLoop& l, const std::string& id, std::vector<int32_t> prompt,
   l.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
 }
 
-// (id, token, logprob, top, finish_reason, n_prompt, index) per output
+// (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts) per output
 py::list outputs_to_py(std::vector<StepOutput>& outs) {
   py::list l;
   for (StepOutput& o : outs)
-    l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt, o.index));
+    l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt, o.index, o.scheduled_ts,
+                            o.step_ts));
   return l;
 }
 
@@ -340,7 +341,8 @@ void bind_engine(py::module_& m) {
            py::arg("n") = 1)
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
            "index < 0: every sample of the request; else that sample only")
-      .def("step", &engine_step, "-> [(id, token, logprob, top, finish_reason, n_prompt, index)]; releases the GIL")
+      .def("step", &engine_step,
+           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts)]; releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});

@@ -1,11 +1,17 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 namespace pyserve {
 
 namespace {
+
+// steady_clock is CLOCK_MONOTONIC on Linux: the clock of Python's time.monotonic().
+double monotonic_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 int default_blocks(const HParams& hp, const EngineConfig& c) {
   size_t per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
@@ -122,6 +128,8 @@ void Engine::abort_now(const std::string& id, int index, const std::string& reas
       o.finish_reason = reason;
       o.n_prompt = seq->n_prompt;
       o.index = idx;
+      o.scheduled_ts = seq->first_scheduled;
+      o.step_ts = monotonic_now();
       out.push_back(std::move(o));
     };
     if (!seq->pending_samples.empty()) {  // not forked yet: it stands for these samples
@@ -186,11 +194,14 @@ void Engine::check_stop(Sequence* seq, StepOutput& o) {
 std::vector<StepOutput> Engine::step() {
   std::vector<StepOutput> out;
   apply_pending(out);
+  const double t_sched = monotonic_now();
   Schedule sched = scheduler_->schedule();
   if (sched.empty()) {
     snapshot_stats();
     return out;
   }
+  for (const ScheduledSeq& s : sched.seqs)
+    if (s.seq->first_scheduled == 0.0) s.seq->first_scheduled = t_sched;
   for (const BlockCopy& c : sched.copies) kv_->copy_block(c.first, c.second);
   batch_.clear();
   for (const ScheduledSeq& s : sched.seqs) {
@@ -206,6 +217,7 @@ std::vector<StepOutput> Engine::step() {
   steps_++;
   tokens_computed_ += batch_.size();
   const int V = model_->hparams().n_vocab;
+  const double t_step = monotonic_now();
   size_t row = 0;
   for (const ScheduledSeq& s : sched.seqs) {
     Sequence* seq = s.seq;
@@ -217,7 +229,7 @@ std::vector<StepOutput> Engine::step() {
     for (Sequence* d : drawers) {
       SampleResult r = d->sampler->sample(logits);
       d->tokens.push_back(r.token);
-      StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index};
+      StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index, d->first_scheduled, t_step};
       check_stop(d, o);
       if (!o.finish_reason.empty()) finish(d);
       out.push_back(std::move(o));

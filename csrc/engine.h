@@ -47,6 +47,10 @@ struct StepOutput {
   std::string finish_reason;                       // "", "stop", "length" or "abort"
   int n_prompt = 0;
   int index = 0;                                   // which of the request's n samples
+  // CLOCK_MONOTONIC seconds (Python's time.monotonic()): the start of the step that first scheduled the
+  // sequence (0: never scheduled), and the end of the forward pass of the step that produced this output.
+  double scheduled_ts = 0.0;
+  double step_ts = 0.0;
 };
 
 struct EngineStats {

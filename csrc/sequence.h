@@ -37,6 +37,7 @@ struct Sequence {
   std::vector<int> pending_samples;
   std::vector<std::unique_ptr<Sampler>> fork_samplers;  // [n], by sample index, until the fork
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
+  double first_scheduled = 0.0;      // monotonic seconds of the step that first scheduled it (0: not yet)
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }
   int n_pending() const { return (int)tokens.size() - n_computed; }
@@ -49,6 +50,7 @@ struct Sequence {
     s->index = sample_index;
     s->tokens = tokens;
     s->n_prompt = n_prompt;
+    s->first_scheduled = first_scheduled;
     s->stop = stop;
     return s;
   }

@@ -19,7 +19,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .chat_template import builtin_gemma_template
-from .metrics import CONTENT_TYPE, Metrics
+from .metrics import CONTENT_TYPE, Metrics, instrument
 from .protocol import OpenAIError, bad_request, parse_chat, parse_completion, server_error
 from .serving_chat import ChatServing
 from .serving_completions import CompletionServing, error_response, json_response
@@ -85,9 +85,7 @@ class ServerState:
         self.inflight += 1
 
     def request_finished(self, choices) -> None:
-        self.inflight -= 1
-        for c in choices:
-            self.metrics.finished(c.get("finish_reason") or "abort", len(c.get("token_ids", ())))
+        self.inflight -= 1  # (token and outcome counts: the request's metrics.RequestTimer)
 
 
 def _version() -> str:
@@ -252,6 +250,7 @@ def create_app(engine=None, config: Optional[ServerConfig] = None) -> QuartTrio:
         return state.metrics.render(), 200, {"Content-Type": CONTENT_TYPE}
 
     _shield_final_send(app)
+    instrument(app, state.metrics)  # outermost: the arrival time is taken before anything else runs
     return app
 
 

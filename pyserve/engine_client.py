@@ -41,6 +41,11 @@ class StreamOutput:
     token_ids_delta: list[int] = field(default_factory=list)
     logprobs_delta: Optional[list[dict[int, float]]] = None
     finish_reason: Optional[str] = None
+    # engine timestamps (time.monotonic() seconds, 0 while unknown): the step that first scheduled the request,
+    # the forward passes that produced its first and its latest token
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
 
 
 class RequestStream:
@@ -49,7 +54,8 @@ class RequestStream:
     At most one task waits on a stream (its generator's), so a bare park/unpark stands in for trio.Event:
     the hand-off is on every token's path."""
 
-    __slots__ = ("request_id", "state", "pending", "finished", "closed", "_texts", "_waiter")
+    __slots__ = ("request_id", "state", "pending", "finished", "closed", "_texts", "_waiter", "scheduled_ts",
+                 "first_token_ts", "last_token_ts")
 
     def __init__(self, request_id: str, state: RequestState):
         self.request_id = request_id
@@ -59,6 +65,7 @@ class RequestStream:
         self.closed = False    # the final delta has been pushed: the router routes nothing more here
         self._texts: list[str] = []  # text of deltas merged into `pending` after its own
         self._waiter = None    # the task parked in get(), if any
+        self.scheduled_ts = self.first_token_ts = self.last_token_ts = 0.0  # see StreamOutput
 
     def push(self, d: Delta) -> None:
         if d.finish_reason:
@@ -179,10 +186,15 @@ class AsyncLLM:
         streams = self._streams
         while True:
             await trio.lowlevel.wait_readable(fd)
-            for eid, token, logprob, top, reason, _n_prompt, _index in drain():
+            for eid, token, logprob, top, reason, _n_prompt, _index, scheduled_ts, step_ts in drain():
                 stream = streams.get(eid)
                 if stream is None or stream.closed:
                     continue  # a finished or abandoned stream; stale outputs after a stop-string abort
+                stream.scheduled_ts = scheduled_ts
+                if token >= 0:
+                    if not stream.first_token_ts:
+                        stream.first_token_ts = step_ts
+                    stream.last_token_ts = step_ts
                 try:
                     delta = stream.state.process(token, logprob, top, reason)
                 except Exception as e:  # a bug in text handling ends this request, not the router
@@ -224,7 +236,8 @@ class AsyncLLM:
         try:
             while True:
                 d = await stream.get()
-                yield StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason)
+                yield StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
+                                   stream.first_token_ts, stream.last_token_ts)
                 if d.finish_reason:
                     return
         finally:

@@ -1,37 +1,129 @@
-"""Prometheus metrics: engine gauges read at scrape time, request counters kept by the server."""
+"""Prometheus metrics: what users feel (latencies measured at the socket), what the server did (tokens,
+outcomes), and the engine's state (read at scrape time).
+
+Every app has its own CollectorRegistry, so several apps in one process never collide. Names mirror vLLM's
+with the `pyserve:` prefix; every series carries `model_name`.
+
+Clock: `time.monotonic()` throughout; the engine's timestamps (StepOutput.scheduled_ts / step_ts) are
+CLOCK_MONOTONIC too, so they compare with the HTTP arrival directly.
+
+How a generation request is timed (`RequestTimer`, one per HTTP request, kept in the ASGI scope):
+- arrival: the first line of the app's ASGI callable (`instrument`), before Quart parses anything, before the
+  body is read, the template rendered, the prompt tokenized or the request queued in the engine;
+- a token is *written* when the body write that carries it has returned from the server's send (the
+  socket write). The serving layer adds the tokens of each chunk to `pending` before yielding it; the ASGI
+  send wrapper calls `written()` after the send. An empty write (a delta whose text is held back, e.g. a
+  partial stop string) carries its tokens over to the next non-empty write;
+- time to first token: arrival → the first write with a token. For a non-streamed response that is the
+  write of the response body, so there TTFT == e2e (nothing reaches the user earlier);
+- inter-token latency: one observation per token after the request's first. A write of k tokens that comes
+  g seconds after the previous one records g/k, k times (the gap of a batched write split evenly over its
+  tokens); extra tokens in the request's first write record 0. So per request count == tokens − 1 and sum ==
+  last write − first write. Non-streamed responses have no per-token writes: their tokens count as
+  "visible" when the server receives them from the engine, with the same rule;
+- time per output token: (e2e − ttft) / (tokens − 1) for a stream; (last token received − first) /
+  (tokens − 1) for a non-streamed response (whose ttft is e2e);
+- queue time: arrival → the engine step that first scheduled any of the request's choices; prefill: that
+  step → the forward pass that produced the first token; decode: that → the forward pass of the last token
+  (engine clocks).
+e2e, time per output token, queue, prefill, decode and request_success are recorded when a request
+completes (its last byte written); TTFT and ITL as they happen. A request whose client went away before
+the end counts in request_aborted_total instead.
+"""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+import time
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TIMER_KEY = "pyserve.timer"  # the RequestTimer's key in the ASGI scope
+
+# 1 ms … 60 s, denser where a CPU server's latencies fall
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                   0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0)
+
+
+class _Children:
+    """The labelled children of one model name (a `.labels()` lookup per token would cost a lock and a dict)."""
+
+    def __init__(self, m: "Metrics", name: str):
+        self.ttft = m.ttft.labels(name)
+        self.itl = m.itl.labels(name)
+        self.tpot = m.tpot.labels(name)
+        self.e2e = m.e2e.labels(name)
+        self.queue = m.queue.labels(name)
+        self.prefill = m.prefill.labels(name)
+        self.decode = m.decode.labels(name)
+        self.prompt_tokens = m.prompt_tokens.labels(name)
+        self.generation_tokens = m.generation_tokens.labels(name)
+        self.aborted = m.aborted.labels(name)
+        self.name = name
+        self._success = m.success
+        self._success_children: dict[str, object] = {}
+
+    def success(self, reason: str):
+        c = self._success_children.get(reason)
+        if c is None:
+            c = self._success_children[reason] = self._success.labels(self.name, reason)
+        return c
 
 
 class Metrics:
     def __init__(self):
-        self.requests_started = 0
-        self.requests_finished: dict[str, int] = {}
-        self.generation_tokens = 0
-        self.state = None
+        self.state = None  # the app's ServerState: model name, engine, in-flight count
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
+        r, ml = self.registry, ["model_name"]
 
-    def finished(self, reason: str, n_tokens: int) -> None:
-        self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1
-        self.generation_tokens += n_tokens
+        def hist(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, ml, registry=r, buckets=LATENCY_BUCKETS)
+
+        self.ttft = hist("pyserve:time_to_first_token_seconds",
+                         "HTTP request arrival to the first generated token written to the socket")
+        self.itl = hist("pyserve:inter_token_latency_seconds",
+                        "gap between successive written tokens of a request (a batched write's gap split evenly)")
+        self.tpot = hist("pyserve:request_time_per_output_token_seconds",
+                         "per request: (e2e - ttft) / (generated tokens - 1)")
+        self.e2e = hist("pyserve:e2e_request_latency_seconds", "HTTP request arrival to its last byte written")
+        self.queue = hist("pyserve:request_queue_time_seconds", "HTTP request arrival to first scheduled in the engine")
+        self.prefill = hist("pyserve:request_prefill_time_seconds", "first scheduled to the first token computed")
+        self.decode = hist("pyserve:request_decode_time_seconds", "first token computed to the last")
+        self.prompt_tokens = Counter("pyserve:prompt_tokens", "prompt tokens of generation requests", ml, registry=r)
+        self.generation_tokens = Counter("pyserve:generation_tokens", "tokens generated", ml, registry=r)
+        self.success = Counter("pyserve:request_success", "finished choices of completed requests, by finish reason",
+                               ml + ["finished_reason"], registry=r)
+        self.aborted = Counter("pyserve:request_aborted", "generation requests whose client went away before the end",
+                               ml, registry=r)
+        self.http_requests = Counter("pyserve:http_requests", "HTTP responses by endpoint and status",
+                                     ["endpoint", "status"], registry=r)
+        r.register(self)  # the engine's gauges and counters, read at scrape time
+        self._children: Optional[_Children] = None
+
+    def children(self) -> _Children:
+        name = self.state.served_model_name if self.state is not None else ""
+        c = self._children
+        if c is None or c.name != name:
+            c = self._children = _Children(self, name)
+        return c
+
+    def timer(self, arrival: Optional[float] = None) -> "RequestTimer":
+        return RequestTimer(self, time.monotonic() if arrival is None else arrival)
 
     def collect(self):
         labels = ["model_name"]
         name = self.state.served_model_name if self.state else ""
-        stats = self.state.engine.stats() if self.state and self.state.engine is not None else {}
+        engine = self.state.engine if self.state is not None else None
+        stats = engine.stats() if engine is not None else {}
         for key, metric, doc in [("running", "pyserve:num_requests_running", "sequences in the engine's batch"),
-                                 ("waiting", "pyserve:num_requests_waiting", "sequences waiting for KV blocks"),
+                                 ("waiting", "pyserve:num_requests_waiting", "sequences waiting to be scheduled"),
                                  ("blocks_used", "pyserve:kv_blocks_used", "KV cache blocks in use"),
                                  ("blocks_total", "pyserve:kv_blocks_total", "KV cache blocks in all")]:
             g = GaugeMetricFamily(metric, doc, labels=labels)
             g.add_metric([name], stats.get(key, 0))
             yield g
-        g = GaugeMetricFamily("pyserve:kv_cache_usage_perc", "fraction of KV cache blocks in use", labels=labels)
+        g = GaugeMetricFamily("pyserve:kv_cache_usage_perc", "fraction of KV cache blocks in use (0-1)", labels=labels)
         total = stats.get("blocks_total", 0)
         g.add_metric([name], stats.get("blocks_used", 0) / total if total else 0.0)
         yield g
@@ -39,19 +131,176 @@ class Metrics:
         g.add_metric([name], self.state.inflight if self.state else 0)
         yield g
         for key, metric, doc in [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
+                                 ("prefix_cache_queries", "pyserve:prefix_cache_queries",
+                                  "prompt tokens looked up in the prefix cache at admission"),
+                                 ("prefix_cache_hits", "pyserve:prefix_cache_hits",
+                                  "prompt tokens found in the prefix cache at admission"),
                                  ("steps", "pyserve:engine_steps", "engine steps"),
                                  ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model")]:
             c = CounterMetricFamily(metric, doc, labels=labels)
             c.add_metric([name], stats.get(key, 0))
             yield c
-        c = CounterMetricFamily("pyserve:generation_tokens", "tokens generated", labels=labels)
-        c.add_metric([name], self.generation_tokens)
-        yield c
-        c = CounterMetricFamily("pyserve:request_success", "finished choices by finish reason",
-                                labels=labels + ["finished_reason"])
-        for reason, count in sorted(self.requests_finished.items()):
-            c.add_metric([name, reason], count)
-        yield c
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """One HTTP request's clock (see the module docstring). The serving layer calls `start`, `output`,
+    `received` (non-streamed), adds to `pending` and sets `outcome`; the ASGI wrapper calls `written` after
+    each body send and `close` when the request is over."""
+
+    __slots__ = ("metrics", "arrival", "active", "stream", "pending", "n_prompt", "n_tokens", "first_write",
+                 "last_visible", "first_visible", "end", "outcome", "reasons", "scheduled", "first_token_ts",
+                 "last_token_ts", "_c")
+
+    def __init__(self, metrics: Metrics, arrival: float):
+        self.metrics = metrics
+        self.arrival = arrival
+        self.active = False        # a generation started: the request is accounted at close
+        self.stream = False
+        self.pending = 0           # tokens of the body chunk(s) being written, not yet counted as written
+        self.n_prompt = 0
+        self.n_tokens = 0          # tokens received from the engine
+        self.first_write: Optional[float] = None
+        self.first_visible: Optional[float] = None
+        self.last_visible: Optional[float] = None
+        self.end: Optional[float] = None  # the last body message sent
+        self.outcome: Optional[str] = None  # "ok", "abort" (client gone), "error"
+        self.reasons: list[str] = []
+        self.scheduled = self.first_token_ts = self.last_token_ts = 0.0
+        self._c: Optional[_Children] = None
+
+    # ---- the serving layer ----
+
+    def start(self, jobs, stream: bool) -> None:
+        """A generation of these jobs begins. Prompt tokens as usage reports them: each prompt once (its n
+        choices share the same id list)."""
+        self.active = True
+        self.stream = stream
+        self.n_prompt = sum(len(p) for p in {id(j.prompt_ids): j.prompt_ids for j in jobs}.values())
+        self._c = self.metrics.children()
+
+    def output(self, out) -> int:
+        """Notes one engine delta (a StreamOutput); returns its token count."""
+        k = len(out.token_ids_delta)
+        self.n_tokens += k
+        s = getattr(out, "scheduled_ts", 0.0)
+        if s and (not self.scheduled or s < self.scheduled):
+            self.scheduled = s
+        f = getattr(out, "first_token_ts", 0.0)
+        if f and (not self.first_token_ts or f < self.first_token_ts):
+            self.first_token_ts = f
+        last = getattr(out, "last_token_ts", 0.0)
+        if last > self.last_token_ts:
+            self.last_token_ts = last
+        if out.finish_reason:
+            self.reasons.append(out.finish_reason)
+        return k
+
+    def received(self, k: int) -> None:
+        """Non-streamed: k tokens arrived from the engine now (the ITL clock of a response not streamed)."""
+        if k:
+            self._visible(time.monotonic(), k)
+
+    # ---- the ASGI wrapper ----
+
+    def written(self, now: float, nonempty: bool, final: bool) -> None:
+        k = self.pending
+        if k and (nonempty or final):
+            self.pending = 0
+            if self.first_write is None:
+                self.first_write = now
+                self._c.ttft.observe(now - self.arrival)
+            if self.stream:
+                self._visible(now, k)
+        if final:
+            self.end = now
+
+    def close(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        c = self._c
+        c.prompt_tokens.inc(self.n_prompt)
+        c.generation_tokens.inc(self.n_tokens)
+        if self.outcome == "ok" and self.end is not None:
+            c.e2e.observe(self.end - self.arrival)
+            for r in self.reasons:
+                c.success(r).inc()
+            if self.n_tokens > 1:
+                if self.stream and self.first_write is not None:
+                    c.tpot.observe((self.end - self.first_write) / (self.n_tokens - 1))
+                elif self.first_visible is not None:
+                    c.tpot.observe((self.last_visible - self.first_visible) / (self.n_tokens - 1))
+            if self.scheduled:
+                c.queue.observe(max(0.0, self.scheduled - self.arrival))
+                if self.first_token_ts:
+                    c.prefill.observe(max(0.0, self.first_token_ts - self.scheduled))
+                    c.decode.observe(max(0.0, self.last_token_ts - self.first_token_ts))
+        elif self.outcome in (None, "abort", "ok"):  # "ok" without its last byte sent: the client went away
+            c.aborted.inc()
+
+    def _visible(self, now: float, k: int) -> None:
+        itl = self._c.itl
+        if self.last_visible is None:
+            self.first_visible = now
+            for _ in range(k - 1):
+                itl.observe(0.0)
+        else:
+            gap = (now - self.last_visible) / k
+            for _ in range(k):
+                itl.observe(gap)
+        self.last_visible = now
+
+
+def current_timer(metrics: Metrics) -> RequestTimer:
+    """The timer `instrument` put in the current request's scope (a fresh one outside an instrumented app)."""
+    from quart import request
+
+    try:
+        t = request.scope.get(TIMER_KEY)
+    except RuntimeError:  # no request context
+        t = None
+    return t if t is not None else metrics.timer()
+
+
+def instrument(app, metrics: Metrics) -> None:
+    """Wraps the app's ASGI callable: takes each request's arrival time first thing, counts responses by
+    endpoint and status, and times body writes (after the server's send returned)."""
+    inner = app.asgi_app
+    known: dict[str, str] = {}
+
+    def endpoint(path: str) -> str:
+        if not known:
+            for rule in app.url_map.iter_rules():
+                if "<" not in rule.rule:
+                    known[rule.rule] = rule.rule
+        e = known.get(path)
+        if e is not None:
+            return e
+        if path.startswith("/v1/models/"):
+            return "/v1/models/{model}"
+        return "other"
+
+    async def asgi_app(scope, receive, send):
+        if scope["type"] != "http":
+            return await inner(scope, receive, send)
+        timer = RequestTimer(metrics, time.monotonic())
+        scope[TIMER_KEY] = timer
+        path = scope.get("path", "")
+
+        async def timed_send(message):
+            typ = message["type"]
+            if typ == "http.response.start" and path != "/metrics":
+                metrics.http_requests.labels(endpoint(path), str(message["status"])).inc()
+            await send(message)
+            if typ == "http.response.body":
+                timer.written(time.monotonic(), bool(message.get("body")), not message.get("more_body", False))
+
+        try:
+            return await inner(scope, receive, timed_send)
+        finally:
+            timer.close()
+
+    app.asgi_app = asgi_app

@@ -7,6 +7,7 @@ from typing import AsyncIterator, Callable, Optional
 
 from quart import Response
 
+from .metrics import current_timer
 from .protocol import SEED_MASK, GenRequest, OpenAIError, bad_request, new_id, now, server_error, usage
 from .sse import DONE, HEADERS, SHUTDOWN, Job, choice_outputs, dumps, event
 
@@ -90,15 +91,19 @@ class Serving:
     async def collect(self, jobs: list[Job]) -> dict[int, dict]:
         """Runs every job to the end: {index: {"text", "token_ids", "logprobs", "finish_reason"}}."""
         res = {j.index: {"text": "", "token_ids": [], "logprobs": [], "finish_reason": None} for j in jobs}
+        timer = current_timer(self.state.metrics)
+        timer.start(jobs, stream=False)
         self.state.request_started()
         try:
             async with choice_outputs(self.engine, jobs, self.state.draining) as recv:
                 async for batch in recv:
                     if batch[0] is SHUTDOWN:
                         raise server_error("server shutting down", 503)
+                    k = 0
                     for idx, out in batch:
                         if isinstance(out, Exception) or out.finish_reason not in (None, "stop", "length"):
                             raise self.engine_error(out)
+                        k += timer.output(out)
                         r = res[idx]
                         r["text"] += out.text_delta
                         r["token_ids"] += out.token_ids_delta
@@ -106,6 +111,12 @@ class Serving:
                             r["logprobs"] += out.logprobs_delta
                         if out.finish_reason:
                             r["finish_reason"] = out.finish_reason
+                    timer.received(k)
+            timer.outcome = "ok"
+            timer.pending = timer.n_tokens  # written with the response: TTFT and e2e when it is sent
+        except BaseException as e:
+            timer.outcome = "error" if isinstance(e, Exception) else "abort"  # Cancelled: the client went away
+            raise
         finally:
             self.state.request_finished(res.values())
         return res
@@ -130,29 +141,36 @@ class Serving:
         state = self.state
         engine = self.engine
         outputs: dict[int, list] = {j.index: [] for j in jobs}
+        timer = current_timer(state.metrics)
 
         async def body() -> AsyncIterator[bytes]:
             state.request_started()  # here, not before: a body never started never runs its finally
+            timer.start(jobs, stream=True)
             try:
                 yield b"".join(event(c) for c in first())
                 async with choice_outputs(engine, jobs, state.draining) as recv:
                     async for batch in recv:
                         if batch[0] is SHUTDOWN:
+                            timer.outcome = "error"
                             yield event(server_error("server shutting down", 503).body()) + DONE
                             return
                         buf = []
                         for idx, out in batch:
                             if isinstance(out, Exception) or out.finish_reason not in (None, "stop", "length"):
+                                timer.outcome = "error"
                                 buf.append(event(self.engine_error(out).body()))
                                 yield b"".join(buf) + DONE
                                 return
                             outputs[idx].append(out)
+                            timer.pending += timer.output(out)  # written (and timed) by the ASGI send wrapper
                             buf.extend(event(c) for c in chunks(idx, out))
                         yield b"".join(buf)
                 tail = event(usage_chunk()) if usage_chunk is not None else b""
                 yield tail + DONE
+                timer.outcome = "ok"
             except Exception as e:  # noqa: BLE001 - a bug; the client still gets a well-formed end
                 log.exception("stream failed")
+                timer.outcome = "error"
                 yield event(server_error(f"internal error: {type(e).__name__}: {e}").body()) + DONE
             finally:
                 state.request_finished(

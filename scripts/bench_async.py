@@ -85,11 +85,12 @@ class FakeLoop:
             pass
         self.wakeups += 1
         out = []
+        now = time.monotonic()  # the step's timestamps (scheduled_ts, step_ts)
         for eid, st in list(self.live.items()):
             toks, pos, max_tokens, n_prompt = st
             st[1] = pos + 1
             done = pos + 1 >= max_tokens
-            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt))
+            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now))
             if done:
                 del self.live[eid]
         if self.live:
