@@ -1,5 +1,7 @@
 #include "engine_loop.h"
 
+#include "threadpool.h"
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -70,6 +72,7 @@ std::vector<StepOutput> EngineLoop::drain() {
 }
 
 void EngineLoop::run() {
+  lower_thread_priority();
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);

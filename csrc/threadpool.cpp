@@ -2,6 +2,12 @@
 
 #include <chrono>
 
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 static inline void cpu_relax() { _mm_pause(); }
@@ -26,6 +32,13 @@ inline void backoff(int round) {
   else std::this_thread::yield();
 }
 }  // namespace
+
+void lower_thread_priority() {
+#if defined(__linux__)
+  // Linux nice values are per thread: this leaves the rest of the process (the event loop) as it is.
+  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), ENGINE_NICE);
+#endif
+}
 
 ThreadPool::ThreadPool(int n_threads) {
   n_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
@@ -59,6 +72,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
 }
 
 void ThreadPool::worker(int ith) {
+  lower_thread_priority();
   uint64_t seen = 0;
   for (;;) {
     auto start = std::chrono::steady_clock::now();

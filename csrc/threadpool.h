@@ -14,6 +14,12 @@
 
 namespace pyserve {
 
+// Engine threads run at this nice value: when the server's event loop has work it gets a core first, and
+// when it has none the engine loses nothing (Linux; elsewhere a no-op).
+constexpr int ENGINE_NICE = 5;
+// Applies ENGINE_NICE to the calling thread.
+void lower_thread_priority();
+
 class ThreadPool {
  public:
   // n_threads in total, the calling thread included (n_threads <= 0: one per hardware thread).

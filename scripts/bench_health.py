@@ -1,0 +1,93 @@
+"""Is the server's event loop responsive under load? /health latency while N streams run.
+
+    python scripts/bench_health.py [--streams 32] [--max-tokens 64] [--threads 2] [--url URL]
+
+Starts `python -m pyserve serve` on a free loopback port (or uses --url), opens N streamed completions at
+once and, while they run, polls GET /health every 20 ms. Prints p50 / p99 / max of the /health latency and
+the streams' aggregate tokens/s. Target (issue 4): p99 under 10 ms with 32 streams.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+import trio
+
+
+def start_server(threads: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--port", "0", "--threads", str(threads)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+    for line in proc.stdout:
+        m = re.search(r"serving .* on (http://\S+)", line)
+        if m:
+            return proc, m.group(1)
+    raise RuntimeError("server did not start")
+
+
+async def stream_one(http: httpx.AsyncClient, i: int, max_tokens: int, counts: list) -> None:
+    body = {"prompt": f"Story number {i}: once upon a time", "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                counts[0] += 1
+
+
+async def poll_health(http: httpx.AsyncClient, lat: list, stop: trio.Event) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        r = await http.get("/health")
+        lat.append(time.perf_counter() - t0)
+        assert r.status_code == 200
+        await trio.sleep(0.02)
+
+
+async def run(url: str, streams: int, max_tokens: int) -> None:
+    lat: list[float] = []
+    counts = [0]
+    limits = httpx.Limits(max_connections=streams + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http, \
+            httpx.AsyncClient(base_url=url, timeout=30) as probe:
+        stop = trio.Event()
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as outer:
+            outer.start_soon(poll_health, probe, lat, stop)
+            async with trio.open_nursery() as nursery:
+                for i in range(streams):
+                    nursery.start_soon(stream_one, http, i, max_tokens, counts)
+            stop.set()
+        elapsed = time.perf_counter() - t0
+    q = statistics.quantiles(lat, n=100)
+    print(f"{streams} streams x {max_tokens} tokens: {counts[0] / elapsed:.1f} tok/s aggregate over {elapsed:.1f} s")
+    print(f"/health during the load ({len(lat)} probes): p50 {q[49] * 1000:.2f} ms  p99 {q[98] * 1000:.2f} ms  "
+          f"max {max(lat) * 1000:.2f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--url", default=None, help="an already running server")
+    args = ap.parse_args()
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = start_server(args.threads)
+    try:
+        trio.run(run, url, args.streams, args.max_tokens)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()
