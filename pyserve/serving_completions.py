@@ -74,6 +74,7 @@ class Serving:
                 else:
                     params_i = params
                 jobs.append(Job(index, ids, params_i, f"{rid}-{index}"))
+        self.state.admit(jobs, req)  # rate limits and queue admission (429); released when the request ends
         return jobs
 
     # ---- logprobs ----
@@ -107,6 +108,7 @@ class Serving:
                         if out.finish_reason:
                             r["finish_reason"] = out.finish_reason
         finally:
+            self.state.release(jobs)
             self.state.request_finished(res.values())
         return res
 
@@ -155,6 +157,7 @@ class Serving:
                 log.exception("stream failed")
                 yield event(server_error(f"internal error: {type(e).__name__}: {e}").body()) + DONE
             finally:
+                state.release(jobs)
                 state.request_finished(
                     {"token_ids": [t for o in outs for t in o.token_ids_delta],
                      "finish_reason": outs[-1].finish_reason if outs else None} for outs in outputs.values())
