@@ -49,7 +49,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     return run(ServeOptions(model=args.model, host=args.host, port=args.port,
                             served_model_name=args.served_model_name, chat_template=args.chat_template,
-                            api_key=args.api_key, drain_timeout=args.drain_timeout, n_threads=args.threads,
+                            api_keys=args.api_key or [], api_key_file=args.api_key_file,
+                            metrics_require_key=args.metrics_require_key,
+                            allowed_origins=[o for v in (args.allowed_origins or []) for o in v.split(",") if o],
+                            rate_limit_rpm=args.rate_limit_rpm, rate_limit_tpm=args.rate_limit_tpm,
+                            max_waiting=args.max_waiting, max_queue_wait=args.max_queue_wait,
+                            max_body_size=args.max_body_size, body_timeout=args.body_timeout,
+                            keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout, n_threads=args.threads,
                             n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs))
 
@@ -70,7 +76,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     srv.add_argument("--port", type=int, default=8000, help="0: any free port (the ready line names it)")
     srv.add_argument("--served-model-name", default=None, help="the model name clients use (default: the file name)")
     srv.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template file")
-    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' (repeatable; also PYSERVE_API_KEY)")
+    srv.add_argument("--api-key-file", default=None, metavar="FILE", help="API keys, one per line")
+    srv.add_argument("--metrics-require-key", action="store_true", help="/metrics needs an API key too")
+    srv.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGINS",
+                     help="CORS: comma-separated origins allowed ('*': any); off by default")
+    srv.add_argument("--rate-limit-rpm", type=int, default=0, help="requests per minute per key (0: off)")
+    srv.add_argument("--rate-limit-tpm", type=int, default=0,
+                     help="tokens (prompt + max_tokens) per minute per key (0: off)")
+    srv.add_argument("--max-waiting", type=int, default=0,
+                     help="sequences allowed to wait beyond the running batch; more get 429 (0: unbounded)")
+    srv.add_argument("--max-queue-wait", type=float, default=0.0,
+                     help="refuse (429) a request estimated to start later than this many seconds (0: off)")
+    srv.add_argument("--max-body-size", type=_bytes, default=8 << 20, help="largest request body (413 above)")
+    srv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to receive a body (408 after)")
+    srv.add_argument("--keep-alive-timeout", type=float, default=15.0,
+                     help="seconds an idle connection (or one sending its headers) is kept")
     srv.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
     srv.set_defaults(func=_serve)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Optional
 
@@ -35,6 +35,17 @@ class ServeOptions:
     served_model_name: Optional[str] = None
     chat_template: Optional[str] = None  # a file path
     api_key: Optional[str] = None
+    api_keys: list = field(default_factory=list)
+    api_key_file: Optional[str] = None
+    metrics_require_key: bool = False
+    allowed_origins: list = field(default_factory=list)
+    rate_limit_rpm: int = 0
+    rate_limit_tpm: int = 0
+    max_waiting: int = 0
+    max_queue_wait: float = 0.0
+    max_body_size: int = 8 * 1024 * 1024
+    body_timeout: float = 30.0
+    keep_alive_timeout: float = 15.0
     drain_timeout: float = 30.0
     n_threads: int = 0
     n_ctx: int = 0
@@ -50,7 +61,16 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
     if opts.chat_template:
         with open(opts.chat_template, encoding="utf-8") as f:
             template = f.read()
-    app = create_app(None, ServerConfig(opts.served_model_name, template, opts.api_key))
+    from .auth import load_keys
+
+    keys = load_keys(list(opts.api_keys) + ([opts.api_key] if opts.api_key else []), opts.api_key_file)
+    app = create_app(None, ServerConfig(
+        opts.served_model_name, template, None, api_keys=keys, metrics_require_key=opts.metrics_require_key,
+        allowed_origins=list(opts.allowed_origins), rate_limit_rpm=opts.rate_limit_rpm,
+        rate_limit_tpm=opts.rate_limit_tpm, max_waiting=opts.max_waiting, max_queue_wait=opts.max_queue_wait,
+        max_body_size=opts.max_body_size, body_timeout=opts.body_timeout))
+    if keys:
+        log.info("API keys required (%d configured)", len(keys))
     state = app.pyserve
 
     hc = HypercornConfig()
@@ -58,7 +78,12 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
     hc.graceful_timeout = opts.drain_timeout + 5.0
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.keep_alive_timeout = 30
+    # A connection idle between requests (or dribbling its request headers) is closed after
+    # keep_alive_timeout; a body slower than body_timeout gets 408 (Quart). Hypercorn's read_timeout stays
+    # off: it would also cut a long SSE stream, during which the client sends nothing.
+    hc.keep_alive_timeout = opts.keep_alive_timeout
+    hc.h11_max_incomplete_size = 16 * 1024  # request line + headers
+    hc.backlog = 1024
 
     stop = trio.Event()  # first signal
     force = trio.Event()  # second signal

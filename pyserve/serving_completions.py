@@ -75,6 +75,7 @@ class Serving:
                 else:
                     params_i = params
                 jobs.append(Job(index, ids, params_i, f"{rid}-{index}"))
+        self.state.admit(jobs, req)  # rate limits and queue admission (429); released when the request ends
         return jobs
 
     # ---- logprobs ----
@@ -118,6 +119,7 @@ class Serving:
             timer.outcome = "error" if isinstance(e, Exception) else "abort"  # Cancelled: the client went away
             raise
         finally:
+            self.state.release(jobs)
             self.state.request_finished(res.values())
         return res
 
@@ -173,6 +175,7 @@ class Serving:
                 timer.outcome = "error"
                 yield event(server_error(f"internal error: {type(e).__name__}: {e}").body()) + DONE
             finally:
+                state.release(jobs)
                 state.request_finished(
                     {"token_ids": [t for o in outs for t in o.token_ids_delta],
                      "finish_reason": outs[-1].finish_reason if outs else None} for outs in outputs.values())
