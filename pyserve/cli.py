@@ -17,6 +17,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     kv.add_argument("--num-kv-blocks", type=int, default=0, help="KV cache blocks of 16 tokens")
     kv.add_argument("--kv-cache-memory", type=_bytes, default=0, help="KV cache size in bytes (K/M/G suffixes allowed)")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per engine step: a smaller budget cuts long prompts into more chunks, so running "
+                        "streams wait less for new prompts (default: 128 for serve, 512 for generate)")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -24,7 +27,8 @@ def _generate(args: argparse.Namespace) -> int:
     from .sampling_params import SamplingParams
 
     llm = LLM(args.model, n_threads=args.threads, n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
-              kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs)
+              kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens or 512)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     t0 = time.perf_counter()
     out = llm.generate([args.prompt], params)[0].outputs[0]
@@ -57,7 +61,8 @@ def _serve(args: argparse.Namespace) -> int:
                             max_body_size=args.max_body_size, body_timeout=args.body_timeout,
                             keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout, n_threads=args.threads,
                             n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
-                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs))
+                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                            max_num_batched_tokens=args.max_num_batched_tokens or 128))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -140,6 +140,21 @@ class Metrics:
             c = CounterMetricFamily(metric, doc, labels=labels)
             c.add_metric([name], stats.get(key, 0))
             yield c
+        yield from self._refusals(labels, name)
+
+    def _refusals(self, labels: list, name: str):
+        """Requests the HTTP edge turned away: bad keys (401), rate limits and queue admission (429)."""
+        st = self.state
+        if st is None or not hasattr(st, "rate_limiter"):
+            return
+        for value, metric, doc in [(st.auth_failures, "pyserve:auth_failures", "requests refused with 401"),
+                                   (st.rate_limiter.refused, "pyserve:rate_limited",
+                                    "requests refused with 429 by a per-key rate limit"),
+                                   (st.admission.refused, "pyserve:admission_refused",
+                                    "requests refused with 429 because they could not start in time")]:
+            c = CounterMetricFamily(metric, doc, labels=labels)
+            c.add_metric([name], value)
+            yield c
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

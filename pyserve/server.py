@@ -52,6 +52,7 @@ class ServeOptions:
     num_kv_blocks: int = 0
     kv_cache_memory: int = 0
     max_num_seqs: int = 64
+    max_num_batched_tokens: int = 128  # per step: small chunks of new prompts keep inter-token latency steady
 
 
 async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int:
@@ -105,7 +106,8 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
         binds = await nursery.start(partial(hypercorn_serve, app, hc, shutdown_trigger=stop.wait))
         url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
         engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
-                           kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs)
+                           kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
+                           max_num_batched_tokens=opts.max_num_batched_tokens)
         try:
             async with AsyncLLM.open(opts.model, **engine_opts) as engine:
                 state.set_engine(engine)

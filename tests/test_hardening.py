@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import socket
+import re
 import time
 
 import httpx
@@ -262,6 +263,8 @@ def test_auth(hard):
             assert r.headers["www-authenticate"].startswith("Bearer")
     after = httpx.get(u + "/server_info", headers=_h()).json()["auth_failures"]
     assert after - before == 28
+    metric = re.search(r'^pyserve:auth_failures_total\{[^}]*\} ([0-9.]+)$', httpx.get(u + "/metrics").text, re.M)
+    assert metric and float(metric.group(1)) == after
     for key in (*KEYS, "key-file", "key-env"):
         r = httpx.get(u + "/v1/models", headers=_h(key))
         assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL, key
