@@ -165,9 +165,17 @@ void bind_sampler(py::module_& m) {
 
 // ---- GGUF files ----
 
+// A string from a file as a Python str: bytes that are not valid UTF-8 (vocabulary pieces, or a damaged file)
+// kept lossless as surrogate escapes, never a UnicodeDecodeError.
+py::str file_str(const std::string& x) {
+  PyObject* o = PyUnicode_DecodeUTF8(x.data(), (Py_ssize_t)x.size(), "surrogateescape");
+  if (!o) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
 py::object to_py(const GGUFValue& v) {
   switch (v.type) {
-    case GGUFType::STRING: return py::str(v.s);
+    case GGUFType::STRING: return file_str(v.s);
     case GGUFType::BOOL: return py::bool_(v.i != 0);
     case GGUFType::FLOAT32: case GGUFType::FLOAT64: return py::float_(v.f);
     case GGUFType::UINT64: return py::int_((uint64_t)v.i);
@@ -176,12 +184,7 @@ py::object to_py(const GGUFValue& v) {
   }
   py::list out;
   if (v.elem_type == GGUFType::STRING) {
-    for (const std::string& x : v.as) {
-      // Vocabularies may hold pieces that are not valid UTF-8: keep them lossless as surrogate escapes.
-      PyObject* o = PyUnicode_DecodeUTF8(x.data(), (Py_ssize_t)x.size(), "surrogateescape");
-      if (!o) throw py::error_already_set();
-      out.append(py::reinterpret_steal<py::object>(o));
-    }
+    for (const std::string& x : v.as) out.append(file_str(x));
   } else if (v.elem_type == GGUFType::BOOL) {
     for (int64_t x : v.ai) out.append(py::bool_(x != 0));
   } else if (v.elem_type == GGUFType::UINT64) {
@@ -196,7 +199,7 @@ py::object to_py(const GGUFValue& v) {
 
 py::dict metadata_dict(const GGUFFile& f) {
   py::dict d;
-  for (const auto& [k, v] : f.metadata()) d[py::str(k)] = to_py(v);
+  for (const auto& [k, v] : f.metadata()) d[file_str(k)] = to_py(v);
   return d;
 }
 
@@ -205,7 +208,7 @@ py::list tensor_list(const GGUFFile& f) {
   for (const GGUFTensor& t : f.tensors()) {
     py::list shape;
     for (int d = 0; d < t.n_dims; d++) shape.append(t.ne[d]);
-    out.append(py::dict(py::arg("name") = t.name, py::arg("type") = (uint32_t)t.type,
+    out.append(py::dict(py::arg("name") = file_str(t.name), py::arg("type") = (uint32_t)t.type,
                         py::arg("type_name") = type_traits((uint32_t)t.type)->name, py::arg("shape") = shape,
                         py::arg("offset") = t.offset, py::arg("nbytes") = t.nbytes));
   }
@@ -217,10 +220,14 @@ void bind_gguf(py::module_& m) {
     GGUFFile f(path);
     return py::make_tuple(metadata_dict(f), tensor_list(f), f.version());
   }, py::arg("path"), "-> (metadata: dict, tensors: list[dict], version). Raises GGUFError on a malformed file.");
-  m.def("tensor_data", [](const std::string& path, const std::string& name) {
+  m.def("tensor_data", [](const std::string& path, const py::str& py_name) {
+    // names come back from read_gguf with surrogate escapes for non-UTF-8 bytes: encode them the same way
+    PyObject* b = PyUnicode_AsEncodedString(py_name.ptr(), "utf-8", "surrogateescape");
+    if (!b) throw py::error_already_set();
+    const std::string name = py::reinterpret_steal<py::bytes>(b);
     GGUFFile f(path);
     const GGUFTensor* t = f.find(name);
-    if (!t) throw std::invalid_argument("no tensor '" + name + "' in " + path);
+    if (!t) throw std::invalid_argument(printable("no tensor '" + name + "' in " + path));
     return py::bytes(reinterpret_cast<const char*>(t->data), t->nbytes);
   }, py::arg("path"), py::arg("name"), "raw bytes of one tensor");
 }

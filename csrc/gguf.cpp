@@ -93,7 +93,52 @@ const char* gguf_type_name(GGUFType t) {
 
 size_t GGUFValue::size() const { return ai.size() + af.size() + as.size() + aa.size(); }
 
-void GGUFFile::fail(const std::string& what) const { throw GGUFError(path_ + ": " + what); }
+std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t n = s.size(), i = 0;
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  while (i < n) {
+    unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) escape(c);
+      else out += (char)c;
+      i++;
+      continue;
+    }
+    // the length of a well-formed sequence starting here (RFC 3629: no overlongs, no surrogates, <= U+10FFFF)
+    size_t len = 0;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) len = 3;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; k++) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3) {
+      unsigned char c1 = p[i + 1];
+      ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);
+    }
+    if (ok && len == 4) {
+      unsigned char c1 = p[i + 1];
+      ok = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);
+    }
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      escape(c);
+      i++;
+    }
+  }
+  return out;
+}
+
+void GGUFFile::fail(const std::string& what) const { throw GGUFError(printable(path_ + ": " + what)); }
 
 GGUFFile::GGUFFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

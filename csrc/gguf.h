@@ -24,6 +24,11 @@ enum class GGUFType : uint32_t {
 };
 const char* gguf_type_name(GGUFType t);
 
+// `s` with every byte that is not part of valid UTF-8, and every control character, written as \xNN: names
+// and strings from a file go into error messages through it, so a message is always valid UTF-8 (Python
+// can turn it into a str) and printable.
+std::string printable(const std::string& s);
+
 struct GGUFValue {
   GGUFType type = GGUFType::UINT8;
   GGUFType elem_type = GGUFType::UINT8;  // element type when type == ARRAY

@@ -28,7 +28,7 @@ const ArchSpec& arch_spec(const std::string& arch) {
     if (arch == a.name) return a;
   std::string list;
   for (const std::string& n : supported_architectures()) list += (list.empty() ? "" : ", ") + n;
-  throw ModelError("unsupported architecture '" + arch + "' (supported: " + list + ")");
+  throw ModelError("unsupported architecture '" + printable(arch) + "' (supported: " + list + ")");
 }
 
 Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
@@ -41,31 +41,47 @@ void Model::load_hparams() {
   hp_.arch = f.get_str("general.architecture");
   spec_ = &arch_spec(hp_.arch);
   const std::string a = hp_.arch + ".";
-  hp_.n_embd = (int)f.get_int(a + "embedding_length");
-  hp_.n_layer = (int)f.get_int(a + "block_count");
-  hp_.n_ff = (int)f.get_int(a + "feed_forward_length");
-  hp_.n_head = (int)f.get_int(a + "attention.head_count");
-  hp_.n_head_kv = (int)f.get_int(a + "attention.head_count_kv", hp_.n_head);
-  if (hp_.n_embd <= 0 || hp_.n_layer <= 0 || hp_.n_head <= 0 || hp_.n_head_kv <= 0 || hp_.n_ff <= 0 ||
-      hp_.n_head % hp_.n_head_kv || hp_.n_head / hp_.n_head_kv > 64)
+  // Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
+  // around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
+  // cache before any tensor is looked at, so it is bounded by the tensor count: >= 9 tensors a layer).
+  auto ranged = [&](const std::string& key, int64_t lo, int64_t hi, const int64_t* def) -> int {
+    int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
+    if (v < lo || v > hi)
+      f.fail("metadata key '" + key + "' is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "]");
+    return (int)v;
+  };
+  const int64_t max_dim = 1 << 20, max_heads = 1 << 12;
+  hp_.n_embd = ranged(a + "embedding_length", 1, max_dim, nullptr);
+  hp_.n_layer = ranged(a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 9), nullptr);
+  hp_.n_ff = ranged(a + "feed_forward_length", 1, max_dim, nullptr);
+  hp_.n_head = ranged(a + "attention.head_count", 1, max_heads, nullptr);
+  const int64_t n_head = hp_.n_head;
+  hp_.n_head_kv = ranged(a + "attention.head_count_kv", 1, max_heads, &n_head);
+  if (hp_.n_head % hp_.n_head_kv || hp_.n_head / hp_.n_head_kv > 64)
     f.fail("inconsistent hyper-parameters (embedding_length, block_count, head counts, feed_forward_length)");
-  hp_.head_dim = (int)f.get_int(a + "attention.key_length", hp_.n_embd / hp_.n_head);
-  hp_.head_dim_v = (int)f.get_int(a + "attention.value_length", hp_.head_dim);
-  if (hp_.head_dim <= 0 || hp_.head_dim_v != hp_.head_dim || hp_.head_dim % 2)
+  const int64_t hd_def = hp_.n_embd / hp_.n_head;
+  hp_.head_dim = ranged(a + "attention.key_length", 1, 4096, &hd_def);
+  const int64_t hdv_def = hp_.head_dim;
+  hp_.head_dim_v = ranged(a + "attention.value_length", 1, 4096, &hdv_def);
+  if (hp_.head_dim_v != hp_.head_dim || hp_.head_dim % 2)
     f.fail("unsupported head dimensions (key_length " + std::to_string(hp_.head_dim) + ", value_length " +
            std::to_string(hp_.head_dim_v) + ")");
-  hp_.n_ctx_train = (int)f.get_int(a + "context_length", 4096);
+  const int64_t ctx_def = 4096;
+  hp_.n_ctx_train = ranged(a + "context_length", 1, 1 << 24, &ctx_def);
   hp_.eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
   hp_.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
-  hp_.rope_dim = (int)f.get_int(a + "rope.dimension_count", hp_.head_dim);
+  const int64_t rope_def = hp_.head_dim;
+  hp_.rope_dim = ranged(a + "rope.dimension_count", 1, hp_.head_dim, &rope_def);
   if (hp_.rope_dim <= 0 || hp_.rope_dim > hp_.head_dim || hp_.rope_dim % 2) f.fail("bad rope.dimension_count");
   std::string scaling = f.get_str(a + "rope.scaling.type", "none");
   if (scaling == "linear") hp_.rope_freq_scale = 1.0f / (float)f.get_float(a + "rope.scaling.factor", 1.0);
   else if (scaling != "none") f.fail("unsupported rope.scaling.type '" + scaling + "'");
   hp_.attn_scale = 1.0f / std::sqrt((float)hp_.head_dim);
   if (spec_->sliding_window) {
-    hp_.n_swa = (int)f.get_int(a + "attention.sliding_window", 0);
-    hp_.swa_pattern = (int)f.get_int(a + "attention.sliding_window_pattern", 6);
+    const int64_t swa_def = 0, pattern_def = 6;
+    hp_.n_swa = ranged(a + "attention.sliding_window", 0, 1 << 24, &swa_def);
+    hp_.swa_pattern = ranged(a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
     hp_.rope_base_local = 10000.f;  // gemma3's local layers use their own base (llama.cpp: rope_freq_base_train_swa)
   }
 }

@@ -131,6 +131,10 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
                 with trio.move_on_after(2.0):
                     while state.inflight:
                         await trio.sleep(0.01)
+            # the engine is stopped and every abort applied: what is still held is a leak
+            s = engine.llm.engine.stats()
+            log.info("engine stopped: %d running, %d waiting, %d kv blocks in use", s["running"], s["waiting"],
+                     s["blocks_used"])
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"pyserve: error: {e}", file=sys.stderr, flush=True)
             code = 2
