@@ -45,11 +45,22 @@ CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 # the server under test
 # ---------------------------------------------------------------------------------------------------
 
+def pyserve_home() -> str:
+    """The folder holding the pyserve to run: the importable one (installed, or built in place and on
+    PYTHONPATH), else this checkout (which then needs the extension built in place)."""
+    try:
+        import pyserve
+    except ImportError:
+        return str(ROOT)
+    return str(Path(pyserve.__file__).resolve().parent.parent)
+
+
 class ServerProc:
     def __init__(self, args: list[str]):
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        here = pyserve_home()
+        env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", "0",
-                                      *args], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
+                                      *args], cwd=here, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.stderr: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()

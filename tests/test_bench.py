@@ -23,7 +23,6 @@ import pytest
 
 from pyserve import bench
 
-ROOT = Path(__file__).resolve().parent.parent
 SERVER = os.environ.get("PYSERVE_BENCH_TEST_SERVER", "pyserve")
 
 
@@ -150,8 +149,11 @@ def server_url():
                "--threads", "1"]
         ready_path = "/health"
     log = tempfile.TemporaryFile()
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    import pyserve  # the server runs the pyserve the tests import (installed, or built in place)
+
+    here = str(Path(pyserve.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(cmd, cwd=here, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
