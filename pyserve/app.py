@@ -47,6 +47,7 @@ class ServerConfig:
     max_queue_wait: float = 0.0  # seconds a request may be expected to wait before it starts; 0: no bound
     max_body_size: int = 8 * 1024 * 1024  # bytes; larger bodies get 413
     body_timeout: float = 30.0  # seconds to receive a request body; slower gets 408
+    stalled_client_timeout: float = 30.0  # seconds a stream write may wait on a client that is not reading
 
 
 # POST endpoints that take a JSON body
@@ -54,6 +55,9 @@ _JSON_POSTS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detoken
 
 
 class ServerState:
+    def client_stalled(self) -> None:
+        self.stalled_clients += 1
+
     def __init__(self, config: ServerConfig):
         self.config = config
         self.engine = None
@@ -70,6 +74,7 @@ class ServerState:
         self.access = AccessConfig(list(dict.fromkeys(keys)), config.metrics_require_key,
                                    list(config.allowed_origins))
         self.auth_failures = 0  # 401s answered (for the metrics)
+        self.stalled_clients = 0  # streams aborted because the client stopped reading
         self.auth_log_window, self.auth_logged = 0.0, 0
         self.max_num_seqs = 64
         self.rate_limiter = RateLimiter(config.rate_limit_rpm, config.rate_limit_tpm)

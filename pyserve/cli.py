@@ -59,7 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
                             rate_limit_rpm=args.rate_limit_rpm, rate_limit_tpm=args.rate_limit_tpm,
                             max_waiting=args.max_waiting, max_queue_wait=args.max_queue_wait,
                             max_body_size=args.max_body_size, body_timeout=args.body_timeout,
-                            keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout, n_threads=args.threads,
+                            keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout,
+                            stalled_client_timeout=args.stalled_client_timeout, n_threads=args.threads,
                             n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens or 128))
@@ -98,6 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     srv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to receive a body (408 after)")
     srv.add_argument("--keep-alive-timeout", type=float, default=15.0,
                      help="seconds an idle connection (or one sending its headers) is kept")
+    srv.add_argument("--stalled-client-timeout", type=float, default=30.0,
+                     help="abort a stream whose client has not read for this many seconds (0: never)")
     srv.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
     srv.set_defaults(func=_serve)

@@ -143,7 +143,8 @@ class Metrics:
         yield from self._refusals(labels, name)
 
     def _refusals(self, labels: list, name: str):
-        """Requests the HTTP edge turned away: bad keys (401), rate limits and queue admission (429)."""
+        """Requests the HTTP edge turned away: bad keys (401), rate limits and queue admission (429), and
+        streams ended because their client stopped reading."""
         st = self.state
         if st is None or not hasattr(st, "rate_limiter"):
             return
@@ -151,7 +152,9 @@ class Metrics:
                                    (st.rate_limiter.refused, "pyserve:rate_limited",
                                     "requests refused with 429 by a per-key rate limit"),
                                    (st.admission.refused, "pyserve:admission_refused",
-                                    "requests refused with 429 because they could not start in time")]:
+                                    "requests refused with 429 because they could not start in time"),
+                                   (st.stalled_clients, "pyserve:stalled_clients",
+                                    "streams aborted because the client stopped reading")]:
             c = CounterMetricFamily(metric, doc, labels=labels)
             c.add_metric([name], value)
             yield c

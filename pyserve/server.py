@@ -47,6 +47,7 @@ class ServeOptions:
     body_timeout: float = 30.0
     keep_alive_timeout: float = 15.0
     drain_timeout: float = 30.0
+    stalled_client_timeout: float = 30.0
     n_threads: int = 0
     n_ctx: int = 0
     num_kv_blocks: int = 0
@@ -69,7 +70,8 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
         opts.served_model_name, template, None, api_keys=keys, metrics_require_key=opts.metrics_require_key,
         allowed_origins=list(opts.allowed_origins), rate_limit_rpm=opts.rate_limit_rpm,
         rate_limit_tpm=opts.rate_limit_tpm, max_waiting=opts.max_waiting, max_queue_wait=opts.max_queue_wait,
-        max_body_size=opts.max_body_size, body_timeout=opts.body_timeout))
+        max_body_size=opts.max_body_size, body_timeout=opts.body_timeout,
+        stalled_client_timeout=opts.stalled_client_timeout))
     if keys:
         log.info("API keys required (%d configured)", len(keys))
     state = app.pyserve

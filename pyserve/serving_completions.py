@@ -9,7 +9,7 @@ from quart import Response
 
 from .metrics import current_timer
 from .protocol import SEED_MASK, GenRequest, OpenAIError, bad_request, new_id, now, server_error, usage
-from .sse import DONE, HEADERS, SHUTDOWN, Job, choice_outputs, dumps, event
+from .sse import DONE, HEADERS, SHUTDOWN, STALLED, Job, StallWatch, choice_outputs, dumps, event
 
 log = logging.getLogger("pyserve.server")
 
@@ -145,16 +145,22 @@ class Serving:
         outputs: dict[int, list] = {j.index: [] for j in jobs}
         timer = current_timer(state.metrics)
 
+        stall = StallWatch(state.config.stalled_client_timeout, state.client_stalled)
+
         async def body() -> AsyncIterator[bytes]:
             state.request_started()  # here, not before: a body never started never runs its finally
             timer.start(jobs, stream=True)
             try:
                 yield b"".join(event(c) for c in first())
-                async with choice_outputs(engine, jobs, state.draining) as recv:
+                async with choice_outputs(engine, jobs, state.draining, stall) as recv:
                     async for batch in recv:
                         if batch[0] is SHUTDOWN:
                             timer.outcome = "error"
                             yield event(server_error("server shutting down", 503).body()) + DONE
+                            return
+                        if batch[0] is STALLED:  # (counted when the watch fired)
+                            timer.outcome = "error"
+                            yield event(server_error("client stopped reading: request aborted", 408).body()) + DONE
                             return
                         buf = []
                         for idx, out in batch:
@@ -166,7 +172,9 @@ class Serving:
                             outputs[idx].append(out)
                             timer.pending += timer.output(out)  # written (and timed) by the ASGI send wrapper
                             buf.extend(event(c) for c in chunks(idx, out))
+                        stall.writing()
                         yield b"".join(buf)
+                        stall.written()
                 tail = event(usage_chunk()) if usage_chunk is not None else b""
                 yield tail + DONE
                 timer.outcome = "ok"

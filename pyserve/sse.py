@@ -43,9 +43,46 @@ class Shutdown:
 SHUTDOWN = Shutdown()
 
 
+class Stalled:
+    """Sentinel item: the client stopped reading; the engine requests were aborted."""
+
+
+STALLED = Stalled()
+
+
+class StallWatch:
+    """A response body marks each write it hands to the server (`writing()` … `written()`); a write that has
+    not gone out after `timeout` seconds means a client that is connected but not reading. Hypercorn's send
+    then blocks (shielded), so without this the engine would go on generating into a growing backlog."""
+
+    def __init__(self, timeout: float, on_stall=None):
+        self.timeout = timeout
+        self.on_stall = on_stall  # called once when the watch fires (the body itself is stuck in its write)
+        self.since: Optional[float] = None
+        self.stalled = False
+
+    def writing(self) -> None:
+        self.since = trio.current_time()
+
+    def written(self) -> None:
+        self.since = None
+
+    async def watch(self, cancel_scope: trio.CancelScope) -> None:
+        while True:
+            await trio.sleep(min(1.0, self.timeout / 4))
+            if self.since is not None and trio.current_time() - self.since > self.timeout:
+                self.stalled = True
+                if self.on_stall is not None:
+                    self.on_stall()
+                cancel_scope.cancel()  # every generate's finally aborts its engine request
+                return
+
+
 @trio.as_safe_channel
-async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event] = None):
-    """Yields lists of (choice index, StreamOutput | Exception), or [SHUTDOWN]. Ends when every choice ends."""
+async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event] = None,
+                         stall: Optional[StallWatch] = None):
+    """Yields lists of (choice index, StreamOutput | Exception), or [SHUTDOWN], or [STALLED] after `stall`
+    saw a write hang. Ends when every choice ends."""
     send, recv = trio.open_memory_channel(math.inf)
 
     async def run(job: Job) -> None:
@@ -64,6 +101,8 @@ async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event]
             nursery.start_soon(run, job)
         if shutdown is not None:
             nursery.start_soon(watch)
+        if stall is not None and stall.timeout > 0:
+            nursery.start_soon(stall.watch, nursery.cancel_scope)
         left = len(jobs)
         while left:
             batch = [await recv.receive()]
@@ -81,3 +120,5 @@ async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event]
                     left -= 1
             yield batch
         nursery.cancel_scope.cancel()
+    if stall is not None and stall.stalled:
+        yield [STALLED]
