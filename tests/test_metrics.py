@@ -305,7 +305,9 @@ def test_ttft_includes_queue_time():
         assert abs(s50 - c50) <= 0.10 * c50 + 0.005
         for i in order:  # the server never counts more than the client waited (per-request gaps are printed above:
             # the client's own scheduling on this 2-core machine can add to one request, so only p50 is bounded)
-            assert server_ttft[i] <= client_ttft[i] + 0.001, i
+            # (+20 ms: the server stamps a write when its send returns, which on a busy machine can be after
+            # the client already read the bytes)
+            assert server_ttft[i] <= client_ttft[i] + 0.02, i
         # it is queueing: the last first token came after the others' whole decodes
         assert max(client_ttft.values()) > 4 * min(client_ttft.values())
         assert max(waiting_seen) >= 3
