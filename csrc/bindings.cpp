@@ -287,12 +287,12 @@ void loop_add(EngineLoop& l, const std::string& id, std::vector<int32_t> prompt,
   l.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
 }
 
-// (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts) per output
+// (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached) per output
 py::list outputs_to_py(std::vector<StepOutput>& outs) {
   py::list l;
   for (StepOutput& o : outs)
     l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt, o.index, o.scheduled_ts,
-                            o.step_ts));
+                            o.step_ts, o.n_cached));
   return l;
 }
 

@@ -129,6 +129,7 @@ void Engine::abort_now(const std::string& id, int index, const std::string& reas
       o.n_prompt = seq->n_prompt;
       o.index = idx;
       o.scheduled_ts = seq->first_scheduled;
+      o.n_cached = std::max(0, seq->n_cached);
       o.step_ts = monotonic_now();
       out.push_back(std::move(o));
     };
@@ -229,7 +230,8 @@ std::vector<StepOutput> Engine::step() {
     for (Sequence* d : drawers) {
       SampleResult r = d->sampler->sample(logits);
       d->tokens.push_back(r.token);
-      StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index, d->first_scheduled, t_step};
+      StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index, d->first_scheduled, t_step,
+                   std::max(0, d->n_cached)};
       check_stop(d, o);
       if (!o.finish_reason.empty()) finish(d);
       out.push_back(std::move(o));

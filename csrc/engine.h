@@ -51,6 +51,7 @@ struct StepOutput {
   // sequence (0: never scheduled), and the end of the forward pass of the step that produced this output.
   double scheduled_ts = 0.0;
   double step_ts = 0.0;
+  int n_cached = 0;                                // prompt tokens served from the prefix cache
 };
 
 struct EngineStats {

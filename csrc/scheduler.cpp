@@ -75,6 +75,7 @@ Schedule Scheduler::schedule() {
     waiting_.pop_front();
     blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n);
     seq->n_computed = hit;
+    if (seq->n_cached < 0) seq->n_cached = hit;  // what the request's prompt got, not a later re-admission's
     seq->status = SeqStatus::RUNNING;
     seq->arrival = admitted_++;
     running_.push_back(seq);

@@ -37,6 +37,7 @@ struct Sequence {
   std::vector<int> pending_samples;
   std::vector<std::unique_ptr<Sampler>> fork_samplers;  // [n], by sample index, until the fork
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
+  int n_cached = -1;                 // prompt tokens found in the prefix cache at first admission (-1: not yet)
   double first_scheduled = 0.0;      // monotonic seconds of the step that first scheduled it (0: not yet)
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }

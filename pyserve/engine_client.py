@@ -46,6 +46,7 @@ class StreamOutput:
     scheduled_ts: float = 0.0
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
 class RequestStream:
@@ -55,7 +56,7 @@ class RequestStream:
     the hand-off is on every token's path."""
 
     __slots__ = ("request_id", "state", "pending", "finished", "closed", "_texts", "_waiter", "scheduled_ts",
-                 "first_token_ts", "last_token_ts")
+                 "first_token_ts", "last_token_ts", "cached_tokens")
 
     def __init__(self, request_id: str, state: RequestState):
         self.request_id = request_id
@@ -66,6 +67,7 @@ class RequestStream:
         self._texts: list[str] = []  # text of deltas merged into `pending` after its own
         self._waiter = None    # the task parked in get(), if any
         self.scheduled_ts = self.first_token_ts = self.last_token_ts = 0.0  # see StreamOutput
+        self.cached_tokens = 0
 
     def push(self, d: Delta) -> None:
         if d.finish_reason:
@@ -186,11 +188,12 @@ class AsyncLLM:
         streams = self._streams
         while True:
             await trio.lowlevel.wait_readable(fd)
-            for eid, token, logprob, top, reason, _n_prompt, _index, scheduled_ts, step_ts in drain():
+            for eid, token, logprob, top, reason, _n_prompt, _index, scheduled_ts, step_ts, n_cached in drain():
                 stream = streams.get(eid)
                 if stream is None or stream.closed:
                     continue  # a finished or abandoned stream; stale outputs after a stop-string abort
                 stream.scheduled_ts = scheduled_ts
+                stream.cached_tokens = n_cached
                 if token >= 0:
                     if not stream.first_token_ts:
                         stream.first_token_ts = step_ts
@@ -237,7 +240,7 @@ class AsyncLLM:
             while True:
                 d = await stream.get()
                 yield StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
-                                   stream.first_token_ts, stream.last_token_ts)
+                                   stream.first_token_ts, stream.last_token_ts, stream.cached_tokens)
                 if d.finish_reason:
                     return
         finally:

@@ -56,7 +56,7 @@ class LLM:
         live = {key: (out, state) for out, subs in outputs for key, state in subs}
         try:
             while live:
-                for rid, token, logprob, top, reason, _, idx, _sched, _ts in self.engine.step():
+                for rid, token, logprob, top, reason, _, idx, _sched, _ts, _cached in self.engine.step():
                     self._apply(live, (rid, idx), token, logprob, top, reason)
         finally:
             for rid, idx in live:

@@ -72,10 +72,11 @@ class ChatServing(Serving):
                 choices.append({"index": idx, "message": {"role": "assistant", "content": r["text"], "refusal": None},
                                 "logprobs": lp, "finish_reason": r["finish_reason"]})
             out = base("chat.completion", choices)
-            out["usage"] = usage(len(ids), sum(len(r["token_ids"]) for r in res.values()))
+            out["usage"] = usage(len(ids), sum(len(r["token_ids"]) for r in res.values()),
+                                 max(r["cached"] for r in res.values()))
             return json_response(out)
 
-        n_gen = {"n": 0}
+        n_gen = {"n": 0, "cached": 0}
 
         def chunk(choice: dict) -> dict:
             c = base("chat.completion.chunk", [choice])
@@ -89,6 +90,7 @@ class ChatServing(Serving):
 
         def chunks(idx: int, out) -> list[dict]:
             n_gen["n"] += len(out.token_ids_delta)
+            n_gen["cached"] = max(n_gen["cached"], out.cached_tokens)
             res = []
             if out.text_delta or (want_lp and out.token_ids_delta):
                 lp = ({"content": self.logprobs(out.token_ids_delta, out.logprobs_delta or [], req.top_logprobs),
@@ -101,7 +103,7 @@ class ChatServing(Serving):
 
         def usage_chunk() -> dict:
             c = base("chat.completion.chunk", [])
-            c["usage"] = usage(len(ids), n_gen["n"])
+            c["usage"] = usage(len(ids), n_gen["n"], n_gen["cached"])
             return c
 
         return self.stream(jobs, first, chunks, usage_chunk if req.include_usage else None)

@@ -91,7 +91,8 @@ class Serving:
 
     async def collect(self, jobs: list[Job]) -> dict[int, dict]:
         """Runs every job to the end: {index: {"text", "token_ids", "logprobs", "finish_reason"}}."""
-        res = {j.index: {"text": "", "token_ids": [], "logprobs": [], "finish_reason": None} for j in jobs}
+        res = {j.index: {"text": "", "token_ids": [], "logprobs": [], "finish_reason": None, "cached": 0}
+               for j in jobs}
         timer = current_timer(self.state.metrics)
         timer.start(jobs, stream=False)
         self.state.request_started()
@@ -108,6 +109,7 @@ class Serving:
                         r = res[idx]
                         r["text"] += out.text_delta
                         r["token_ids"] += out.token_ids_delta
+                        r["cached"] = max(r["cached"], out.cached_tokens)
                         if out.logprobs_delta:
                             r["logprobs"] += out.logprobs_delta
                         if out.finish_reason:
@@ -230,11 +232,12 @@ class CompletionServing(Serving):
                 lp = self.logprobs(r["token_ids"], r["logprobs"], req.logprobs, 0) if req.logprobs is not None else None
                 choices.append({"index": idx, "text": text, "logprobs": lp, "finish_reason": r["finish_reason"]})
             out = base(choices)
-            out["usage"] = usage(n_prompt, sum(len(r["token_ids"]) for r in res.values()))
+            out["usage"] = usage(n_prompt, sum(len(r["token_ids"]) for r in res.values()),
+                                 max(r["cached"] for r in res.values()))
             return json_response(out)
 
         offsets = {j.index: 0 for j in jobs}
-        n_gen = {"n": 0}
+        n_gen = {"n": 0, "cached": 0}
 
         def chunk(choices: list) -> dict:
             c = base(choices)
@@ -250,6 +253,7 @@ class CompletionServing(Serving):
 
         def chunks(idx: int, out) -> list[dict]:
             n_gen["n"] += len(out.token_ids_delta)
+            n_gen["cached"] = max(n_gen["cached"], out.cached_tokens)
             lp = None
             if req.logprobs is not None:
                 lp = self.logprobs(out.token_ids_delta, out.logprobs_delta or [], req.logprobs, offsets[idx])
@@ -261,7 +265,7 @@ class CompletionServing(Serving):
 
         def usage_chunk() -> dict:
             c = base([])
-            c["usage"] = usage(n_prompt, n_gen["n"])
+            c["usage"] = usage(n_prompt, n_gen["n"], n_gen["cached"])
             return c
 
         return self.stream(jobs, first, chunks, usage_chunk if req.include_usage else None)

@@ -90,7 +90,7 @@ class FakeLoop:
             toks, pos, max_tokens, n_prompt = st
             st[1] = pos + 1
             done = pos + 1 >= max_tokens
-            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now))
+            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now, 0))
             if done:
                 del self.live[eid]
         if self.live:

@@ -62,3 +62,13 @@ def test_stop_string_straddling_tokens_never_streamed(server):
     assert stop not in "".join(deltas)
     plain = complete(server.url, prompt=prompt, stop=[stop], ignore_eos=True)["choices"][0]
     assert plain["text"] == streamed and plain["finish_reason"] == "stop"
+
+
+def test_usage_reports_prefix_cache_hits(server):
+    prompt = "The history of the city begins with " + "a long and winding account, " * 12
+    cold = complete(server.url, prompt=prompt, max_tokens=2)["usage"]
+    warm = complete(server.url, prompt=prompt, max_tokens=2)["usage"]
+    assert cold["prompt_tokens"] == warm["prompt_tokens"] > 48
+    assert cold["prompt_tokens_details"]["cached_tokens"] == 0
+    # every full 16-token block but the one holding the last prompt token comes from the cache
+    assert warm["prompt_tokens_details"]["cached_tokens"] == (warm["prompt_tokens"] - 1) // 16 * 16
