@@ -392,3 +392,33 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
 
 __all__ = ["write_test_model", "default_dims", "tokenizer_vocab", "bytes_to_unicode", "quantize",
            "ARCHS", "ALL_QTYPES", "K_QUANTS", "BLOCK_32", "FLOAT_TYPES", "N_VOCAB", "MIXED"]
+
+
+def write_all_types_gguf(path) -> Path:
+    """A small valid GGUF holding every metadata value type (nested arrays too) and three tensors: the
+    seed of the GGUF loader's tests and of its fuzzer."""
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_uint8("t.u8", 200)
+    w.add_int8("t.i8", -100)
+    w.add_uint16("t.u16", 60000)
+    w.add_int16("t.i16", -30000)
+    w.add_uint32("t.u32", 4_000_000_000)
+    w.add_int32("t.i32", -2_000_000_000)
+    w.add_float32("t.f32", 1.5)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "héllo ▁ world")
+    w.add_uint64("t.u64", 2**63 + 5)
+    w.add_int64("t.i64", -(2**62))
+    w.add_float64("t.f64", 0.1)
+    w.add_array("t.arr_i", [1, 2, 3])
+    w.add_array("t.arr_s", ["a", "bc", ""])
+    w.add_array("t.arr_f", [0.5, -2.0])
+    w.add_array("t.arr_nested", [[1, 2], [3]])
+    w.add_tensor("blk.0.attn_q.weight", np.arange(64, dtype=np.float32).reshape(2, 32))
+    w.add_tensor("second", np.ones((4,), dtype=np.float32))
+    w.add_tensor("q8", np.zeros((2, 34), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -7,32 +7,13 @@ import pytest
 
 from pyserve import _engine
 
+from model_factory import write_all_types_gguf
+
 TENSOR = "blk.0.attn_q.weight"
 
 
 def write_valid(path, version=3):
-    w = gguf.GGUFWriter(str(path), arch="llama")
-    w.add_uint8("t.u8", 200)
-    w.add_int8("t.i8", -100)
-    w.add_uint16("t.u16", 60000)
-    w.add_int16("t.i16", -30000)
-    w.add_uint32("t.u32", 4_000_000_000)
-    w.add_int32("t.i32", -2_000_000_000)
-    w.add_float32("t.f32", 1.5)
-    w.add_bool("t.bool", True)
-    w.add_string("t.str", "héllo ▁ world")
-    w.add_uint64("t.u64", 2**63 + 5)
-    w.add_int64("t.i64", -(2**62))
-    w.add_float64("t.f64", 0.1)
-    w.add_array("t.arr_i", [1, 2, 3])
-    w.add_array("t.arr_s", ["a", "bc", ""])
-    w.add_array("t.arr_f", [0.5, -2.0])
-    w.add_tensor(TENSOR, np.arange(64, dtype=np.float32).reshape(2, 32))
-    w.add_tensor("second", np.ones((4,), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_all_types_gguf(path)
     data = bytearray(path.read_bytes())
     struct.pack_into("<I", data, 4, version)
     path.write_bytes(bytes(data))

@@ -4,55 +4,25 @@ queueing load, the time to first token the clients measure themselves."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from test_server import Server
+
 MODEL = "gemma-3-270m-q4_k_m"
 M = {"model_name": MODEL}
 
 
-class Server:
-    def __init__(self, *args: str):
-        import pyserve  # the server runs the same pyserve as the tests (installed, or built in place)
-
-        here = str(Path(pyserve.__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--port", "0", "--threads", "2", *args],
-                                     cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.stderr: list[str] = []
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
-        deadline = time.monotonic() + 90
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line or "serving" in line:
-                break
-        m = re.search(r"on (http://\S+)", line)
-        assert m, f"server did not start: {line!r}\n{''.join(self.stderr)}"
-        self.url = m.group(1)
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(2)
-        return self.proc.wait(30)
-
-
 @pytest.fixture(scope="module")
 def server():
-    s = Server()
+    s = Server().wait_ready()
     yield s
     assert s.stop() == 0, "".join(s.stderr)
 
@@ -235,7 +205,7 @@ def test_ttft_includes_queue_time():
     count has caught up with the first tokens seen); each scrape then adds exactly one observation, and the
     growth of `_sum` between two scrapes is that observation's exact value. The test asserts every step adds
     exactly one, then compares the medians (and each request) of the six server and six client values."""
-    srv = Server("--max-num-seqs", "1")
+    srv = Server("--max-num-seqs", "1").wait_ready()
     try:
         u = srv.url
         name = "pyserve:time_to_first_token_seconds"
