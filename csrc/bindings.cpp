@@ -11,6 +11,8 @@
 #include "scheduler.h"
 #include "gguf.h"
 #include "model.h"
+#include "ops.h"
+#include "packed.h"
 #include "quant.h"
 #include "sampler.h"
 
@@ -84,6 +86,27 @@ py::array_t<float> py_vec_dot_tile(uint32_t type, u8array w_rows, f32array x) {
   return out;
 }
 
+// w_rows: [nrows, row_bytes]; x: [T, n] → y[T, nrows] through ops' matmul, with the rows packed (packed.h)
+// when `pack` and the type allows, else through vec_dot_tile.
+py::array_t<float> py_matmul(uint32_t type, u8array w_rows, f32array x, int threads, bool pack) {
+  traits_or_throw(type);
+  if (w_rows.ndim() != 2 || x.ndim() != 2) throw std::invalid_argument("w_rows and x must be 2-D");
+  Weight W;
+  W.type = (GGMLType)type;
+  W.n_in = x.shape(1);
+  W.n_out = w_rows.shape(0);
+  W.row_bytes = row_size(W.type, W.n_in);
+  if ((size_t)w_rows.shape(1) != W.row_bytes) throw std::invalid_argument("w_rows' second dimension must be the row size");
+  W.data = w_rows.data();
+  if (pack && packable(W.type)) W.packed = pack_weight(W.type, W.data, W.row_bytes, W.n_out, W.n_in);
+  const int64_t T = x.shape(0);
+  py::array_t<float> out({T, W.n_out});
+  ThreadPool pool(threads);
+  ActBuffer act;
+  matmul(pool, W, x.data(), T, out.mutable_data(), act);
+  return out;
+}
+
 // Round trip of an activation row through its quantized format (for tests of quantize_act_row).
 py::array_t<float> py_act_roundtrip(uint32_t type, f32array x) {
   const TypeTraits& tt = traits_or_throw(type);
@@ -110,6 +133,9 @@ void bind_quant(py::module_& m) {
         "Dot of one raw weight row with float x (quantized to the type's activation format first).");
   m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"));
   m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"));
+  m.def("matmul", &py_matmul, py::arg("type"), py::arg("w_rows"), py::arg("x"), py::arg("threads") = 1,
+        py::arg("pack") = true);
+  m.def("packable", [](uint32_t type) { return packable((GGMLType)type); });
   m.def("act_roundtrip", &py_act_roundtrip, py::arg("type"), py::arg("x"));
   m.def("type_info", [](uint32_t type) {
     const TypeTraits& tt = traits_or_throw(type);

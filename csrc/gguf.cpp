@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -329,6 +330,13 @@ std::string GGUFFile::get_str(const std::string& key) const {
 
 std::string GGUFFile::get_str(const std::string& key, const std::string& def) const {
   return has(key) ? get_str(key) : def;
+}
+
+void GGUFFile::drop_pages(const void* p, size_t n) const {
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)map_;
+  const uintptr_t lo = std::max((uintptr_t)p, base), hi = std::min((uintptr_t)p + n, base + size_);
+  const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
+  if (b > a) madvise((void*)a, b - a, MADV_DONTNEED);
 }
 
 }  // namespace pyserve

@@ -85,6 +85,10 @@ class GGUFFile {
   // The tensor named `name`, or nullptr.
   const GGUFTensor* find(const std::string& name) const;
 
+  // Hands back the resident pages wholly inside [p, p + n) of the mapping (after a copy of them was
+  // made): they stay readable and are read from the file again if touched. No-op outside the mapping.
+  void drop_pages(const void* p, size_t n) const;
+
   [[noreturn]] void fail(const std::string& what) const;  // throws GGUFError("<path>: <what>")
 
  private:

@@ -34,6 +34,7 @@ const ArchSpec& arch_spec(const std::string& arch) {
 Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
   load_hparams();
   load_weights();
+  pack_weights();
 }
 
 void Model::load_hparams() {
@@ -99,6 +100,22 @@ Weight Model::weight(const std::string& name, int64_t n_in, int64_t n_out) const
   w.row_bytes = row_size(t->type, n_in);
   w.data = t->data;
   return w;
+}
+
+void Model::pack_weights() {
+  std::vector<Weight*> ws = {&output_};
+  for (LayerWeights& L : layers_)
+    for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
+  for (Weight* w : ws) {
+    if (!packable(w->type)) continue;
+    try {
+      w->packed = pack_weight(w->type, w->data, w->row_bytes, w->n_out, w->n_in);
+    } catch (const std::bad_alloc&) {
+      throw ModelError(file_->path() + ": out of memory packing a " + std::to_string(w->n_out) + " x " +
+                       std::to_string(w->n_in) + " matrix");
+    }
+    file_->drop_pages(w->data, w->row_bytes * (size_t)w->n_out);
+  }
 }
 
 std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional) const {

@@ -91,6 +91,9 @@ class Model {
  private:
   void load_hparams();
   void load_weights();
+  // Re-lays every packable matrix for the matmul kernels (packed.h) and hands back its mapped pages, so
+  // one copy of each weight stays resident. Throws ModelError when the copy does not fit in memory.
+  void pack_weights();
   Weight weight(const std::string& name, int64_t n_in, int64_t n_out) const;
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
   void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);

@@ -1,5 +1,6 @@
 #include "ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -261,8 +262,27 @@ void quantize_input(ThreadPool& pool, ActFormat f, const float* x, int64_t T, in
   act.n = n;
 }
 
-constexpr int64_t ROW_TILE = 16;  // weight rows kept hot in L1 while the token columns stream past
+constexpr int64_t ROW_TILE = 16;  // weight rows kept hot in L1 while the token columns stream past (a
+                                  // multiple of PACK_ROWS, so a tile never splits a packed group)
 constexpr int COL_TILE = 8;       // token columns per vec_dot_cols call
+
+// Rows [r0, r0 + nr) of W against all T activation columns into y[T, W.n_out].
+void tile_product(const Weight& W, int64_t r0, int64_t nr, const uint8_t* a, size_t stride, int64_t T, float* y) {
+  const int64_t n = W.n_in, m = W.n_out;
+  if (W.packed) {
+    // Whole groups through the packed kernels; rows past the last group through the scalar reference,
+    // which computes the same chain bit for bit.
+    const int64_t g0 = r0 / PACK_ROWS, g1 = std::min(W.packed->n_groups, (r0 + nr) / PACK_ROWS);
+    if (g1 > g0) packed_tile(*W.packed, g0, g1, a, stride, (int)T, y + r0, m);
+    for (int64_t r = std::max(r0, g1 * PACK_ROWS); r < r0 + nr; r++)
+      for (int64_t t = 0; t < T; t++) y[t * m + r] = vec_dot_ref(W.type, n, W.row(r), a + t * stride);
+    return;
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += COL_TILE) {
+    const int nc = (int)std::min<int64_t>(COL_TILE, T - t0);
+    vec_dot_tile(W.type, n, W.row(r0), W.row_bytes, nr, a + t0 * stride, stride, nc, y + t0 * m + r0, m);
+  }
+}
 
 }  // namespace
 
@@ -293,11 +313,8 @@ void matmul_group(ThreadPool& pool, const std::vector<MatmulOut>& outs, const fl
     for (int64_t g = g0; g < g1; g++) {
       while (g >= first_tile[i + 1]) i++;
       const Weight& W = *outs[i].w;
-      const int64_t m = W.n_out, r0 = (g - first_tile[i]) * ROW_TILE, nr = std::min(m - r0, ROW_TILE);
-      for (int64_t t0 = 0; t0 < T; t0 += COL_TILE) {
-        int nc = (int)std::min<int64_t>(COL_TILE, T - t0);
-        vec_dot_tile(W.type, n, W.row(r0), W.row_bytes, nr, a + t0 * stride, stride, nc, outs[i].y + t0 * m + r0, m);
-      }
+      const int64_t r0 = (g - first_tile[i]) * ROW_TILE;
+      tile_product(W, r0, std::min(W.n_out - r0, ROW_TILE), a, stride, T, outs[i].y);
     }
   });
 }

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "packed.h"
 #include "quant.h"
 #include "threadpool.h"
 
@@ -20,6 +22,7 @@ struct Weight {
   int64_t n_in = 0, n_out = 0;
   size_t row_bytes = 0;
   const uint8_t* data = nullptr;  // [n_out][row_bytes], into the mapped file
+  std::shared_ptr<const PackedWeight> packed;  // the same rows re-laid for matmul (packable types), or null
   const uint8_t* row(int64_t r) const { return data + r * row_bytes; }
 };
 

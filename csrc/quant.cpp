@@ -17,27 +17,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#if defined(__AVX2__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define PS_AVX2 1
-#else
-#define PS_AVX2 0
-#endif
-#if PS_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define PS_VNNI 1  // EVEX 256-bit vpdpbusd / vpdpwssd
-#elif PS_AVX2 && defined(__AVXVNNI__)
-#define PS_VNNI 2  // VEX encoding (Alder Lake, Zen 5)
-#else
-#define PS_VNNI 0
-#endif
-#if PS_AVX2 && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define PS_AVX512BW 1
-#else
-#define PS_AVX512BW 0
-#endif
+#include "simd.h"
 
 namespace pyserve {
 
@@ -289,7 +269,7 @@ static void quant_q8_32(const float* x, block_q8_32* b, int64_t n) {
     const float amax = amax_row(x, QK), d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     const int sum = quant32(x, id, b[i].qs);
     b[i].d = d;
-    b[i].s = d * (float)sum;
+    b[i].sum = sum;
   }
 }
 
@@ -340,10 +320,10 @@ static void codes_q8_0(const block_q8_0& b, int* q) {
 }
 
 template <class B> static inline float min_term(const B&, const block_q8_32&) { return 0.0f; }
-template <> inline float min_term(const block_q4_1& b, const block_q8_32& a) { return h2f(b.m) * a.s; }
-template <> inline float min_term(const block_q5_1& b, const block_q8_32& a) { return h2f(b.m) * a.s; }
+template <> inline float min_term(const block_q4_1& b, const block_q8_32& a) { return h2f(b.m) * (a.d * (float)a.sum); }
+template <> inline float min_term(const block_q5_1& b, const block_q8_32& a) { return h2f(b.m) * (a.d * (float)a.sum); }
 
-template <class B, void (*Codes)(const B&, int*)>
+template <class B, void (*Codes)(const B&, int*), bool HasMin>
 static float ref_legacy(int64_t n, const void* vw, const void* va) {
   const B* w = (const B*)vw;
   const block_q8_32* a = (const block_q8_32*)va;
@@ -353,7 +333,9 @@ static float ref_legacy(int64_t n, const void* vw, const void* va) {
     Codes(w[i], q);
     int sumi = 0;
     for (int j = 0; j < QK; j++) sumi += q[j] * a[i].qs[j];
-    sum += (h2f(w[i].d) * a[i].d) * (float)sumi + min_term(w[i], a[i]);
+    // One fma per block in block order: the packed kernels (packed.h) compute exactly this chain.
+    sum = std::fma(h2f(w[i].d) * a[i].d, (float)sumi, sum);
+    if constexpr (HasMin) sum += min_term(w[i], a[i]);
   }
   return sum;
 }
@@ -439,16 +421,6 @@ static inline __m256i nibbles32(const uint8_t* p) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
 }
 
-#if !PS_AVX512BW
-// 0xFF in byte i where bit i of qh is set.
-static inline __m256i bits_to_bytes(uint32_t qh) {
-  const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-#endif
-
 // ---- legacy blocks: decoders to 32 int8 codes
 static inline __m256i dec_q4_0(const block_q4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
 static inline __m256i dec_q4_1(const block_q4_1& b) { return nibbles32(b.qs); }
@@ -508,7 +480,7 @@ static void k_asym(int64_t n, const void* vw, const uint8_t* act, size_t stride,
       const block_q8_32& a = act32(act, stride, c)[i];
       const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(qx, load256(a.qs)));
       acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), p, acc[c]);
-      summ[c] = std::fma(m, a.s, summ[c]);
+      summ[c] = std::fma(m, a.d * (float)a.sum, summ[c]);
     }
   }
   for (int c = 0; c < NC; c++) out[c] = hsum8(acc[c]) + summ[c];
@@ -735,11 +707,11 @@ template <int NC> static void k_q5_K(int64_t n, const void* w, const uint8_t* a,
 static constexpr Kernels kt_f32{{"F32", 1, 4, ActFormat::F32}, deq_f32, ref_float<float, cvt_f32>, PS_SIMD(k_f32)};
 static constexpr Kernels kt_f16{{"F16", 1, 2, ActFormat::F32}, deq_f16, ref_float<uint16_t, h2f>, PS_SIMD(k_f16)};
 static constexpr Kernels kt_bf16{{"BF16", 1, 2, ActFormat::F32}, deq_bf16, ref_float<uint16_t, bf16_to_fp32>, PS_SIMD(k_bf16)};
-static constexpr Kernels kt_q4_0{{"Q4_0", QK, sizeof(block_q4_0), ActFormat::Q8_32}, deq_q4_0, ref_legacy<block_q4_0, codes_q4_0>, PS_SIMD(k_q4_0)};
-static constexpr Kernels kt_q4_1{{"Q4_1", QK, sizeof(block_q4_1), ActFormat::Q8_32}, deq_q4_1, ref_legacy<block_q4_1, codes_q4_1>, PS_SIMD(k_q4_1)};
-static constexpr Kernels kt_q5_0{{"Q5_0", QK, sizeof(block_q5_0), ActFormat::Q8_32}, deq_q5_0, ref_legacy<block_q5_0, codes_q5_0>, PS_SIMD(k_q5_0)};
-static constexpr Kernels kt_q5_1{{"Q5_1", QK, sizeof(block_q5_1), ActFormat::Q8_32}, deq_q5_1, ref_legacy<block_q5_1, codes_q5_1>, PS_SIMD(k_q5_1)};
-static constexpr Kernels kt_q8_0{{"Q8_0", QK, sizeof(block_q8_0), ActFormat::Q8_32}, deq_q8_0, ref_legacy<block_q8_0, codes_q8_0>, PS_SIMD(k_q8_0)};
+static constexpr Kernels kt_q4_0{{"Q4_0", QK, sizeof(block_q4_0), ActFormat::Q8_32}, deq_q4_0, ref_legacy<block_q4_0, codes_q4_0, false>, PS_SIMD(k_q4_0)};
+static constexpr Kernels kt_q4_1{{"Q4_1", QK, sizeof(block_q4_1), ActFormat::Q8_32}, deq_q4_1, ref_legacy<block_q4_1, codes_q4_1, true>, PS_SIMD(k_q4_1)};
+static constexpr Kernels kt_q5_0{{"Q5_0", QK, sizeof(block_q5_0), ActFormat::Q8_32}, deq_q5_0, ref_legacy<block_q5_0, codes_q5_0, false>, PS_SIMD(k_q5_0)};
+static constexpr Kernels kt_q5_1{{"Q5_1", QK, sizeof(block_q5_1), ActFormat::Q8_32}, deq_q5_1, ref_legacy<block_q5_1, codes_q5_1, true>, PS_SIMD(k_q5_1)};
+static constexpr Kernels kt_q8_0{{"Q8_0", QK, sizeof(block_q8_0), ActFormat::Q8_32}, deq_q8_0, ref_legacy<block_q8_0, codes_q8_0, false>, PS_SIMD(k_q8_0)};
 static constexpr Kernels kt_q4_K{{"Q4_K", QK_K, sizeof(block_q4_K), ActFormat::Q8_K}, deq_k_min<block_q4_K, codes_q4_K>, ref_k_min<block_q4_K, codes_q4_K>, PS_SIMD(k_q4_K)};
 static constexpr Kernels kt_q5_K{{"Q5_K", QK_K, sizeof(block_q5_K), ActFormat::Q8_K}, deq_k_min<block_q5_K, codes_q5_K>, ref_k_min<block_q5_K, codes_q5_K>, PS_SIMD(k_q5_K)};
 static constexpr Kernels kt_q6_K{{"Q6_K", QK_K, sizeof(block_q6_K), ActFormat::Q8_K}, deq_q6_K, ref_q6_K, PS_SIMD(k_q6_K)};

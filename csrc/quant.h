@@ -33,8 +33,9 @@ struct block_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; 
 struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; }; // 210 B
 
 // ---- activation blocks (pyserve's own, in memory only) ----
-// For the legacy types: 32 int8 values with a float scale; s = d * sum(qs) serves the min term of Q4_1/Q5_1.
-struct block_q8_32 { float d; float s; int8_t qs[QK]; };                 // 40 B
+// For the legacy types: 32 int8 values with a float scale; sum = Σ qs serves the min term of Q4_1/Q5_1 and
+// the code offset of the packed kernels (packed.h).
+struct block_q8_32 { float d; int32_t sum; int8_t qs[QK]; };             // 40 B
 // For the K-quants (as llama.cpp's Q8_K): bsums[i] = sum of qs[16*i .. 16*i+15].
 struct block_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; }; // 292 B
 

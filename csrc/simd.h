@@ -1,0 +1,38 @@
+// simd: which x86 SIMD paths this build compiles (from the compiler's macros under -march=native), shared
+// by the kernel files. Every path has a scalar twin, so a build without any of them is complete.
+#pragma once
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PS_AVX2 1
+#else
+#define PS_AVX2 0
+#endif
+#if PS_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define PS_VNNI 1  // EVEX 256-bit vpdpbusd / vpdpwssd
+#elif PS_AVX2 && defined(__AVXVNNI__)
+#define PS_VNNI 2  // VEX encoding (Alder Lake, Zen 5)
+#else
+#define PS_VNNI 0
+#endif
+#if PS_AVX2 && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define PS_AVX512BW 1
+#else
+#define PS_AVX512BW 0
+#endif
+
+#if PS_AVX2 && !PS_AVX512BW
+#include <cstdint>
+namespace pyserve {
+// 0xFF in byte i where bit i of m is set (AVX-512 BW does this with a mask register instead).
+static inline __m256i bits_to_bytes(uint32_t m) {
+  const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), shuf);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+}  // namespace pyserve
+#endif

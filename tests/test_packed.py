@@ -1,0 +1,82 @@
+"""Packed matmul kernels (csrc/packed.cpp): Q4_0 / Q5_0 / Q8_0 rows interleaved 8 at a time.
+
+Their contract is stronger than the SIMD tolerance of test_quant: every output element is the chain
+Σ_blocks fma(d_w·d_a, exact block sum, acc) in block order, which is what vec_dot_ref computes, so the
+packed product must equal the scalar reference bit for bit — for any number of columns (batch
+invariance), any row count (rows past the last group of 8 go through the reference itself) and threads.
+"""
+import numpy as np
+import pytest
+
+from test_quant import Q, assert_same_bits, rand_act, rand_row
+
+_engine = pytest.importorskip("pyserve._engine")
+
+PACKED = [Q.Q4_0, Q.Q5_0, Q.Q8_0]
+
+
+def reference(t, rows, x):
+    return np.array([[_engine.vec_dot(int(t), r, xc, impl="ref") for r in rows] for xc in x], np.float32)
+
+
+@pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
+def test_this_build_packs_the_symmetric_legacy_types(t):
+    assert _engine.packable(int(t))
+
+
+@pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_other_types_are_not_packed_and_match_the_tiles(t):
+    rng = np.random.default_rng(int(t))
+    n = 512
+    rows = np.stack([rand_row(t, n, rng) for _ in range(11)])
+    x = rand_act(n, rng, 5)
+    assert not _engine.packable(int(t))
+    assert_same_bits(_engine.matmul(int(t), rows, x), _engine.vec_dot_tile(int(t), rows, x))
+
+
+@pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_rows", [8, 37, 64])
+def test_packed_equals_the_scalar_reference_bit_for_bit(t, n_rows):
+    """Random raw blocks: every code (Q8_0's −128 too), fp16 scales over decades, zero and subnormal ones."""
+    rng = np.random.default_rng(1000 * int(t) + n_rows)
+    n = 640
+    rows = np.stack([rand_row(t, n, rng) for _ in range(n_rows)])
+    x = rand_act(n, rng, 17)
+    want = reference(t, rows, x)
+    for T in (1, 3, 8, 9, 16, 17):
+        for threads in (1, 2):
+            got = _engine.matmul(int(t), rows, x[:T], threads=threads)
+            assert_same_bits(got, want[:T])
+
+
+@pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
+def test_a_column_gives_the_same_bits_in_any_slot(t):
+    rng = np.random.default_rng(77 + int(t))
+    rows = np.stack([rand_row(t, 256, rng) for _ in range(24)])
+    x = rand_act(256, rng, 12)
+    base = _engine.matmul(int(t), rows, x)
+    for perm in (np.arange(12)[::-1], rng.permutation(12)):
+        assert_same_bits(_engine.matmul(int(t), rows, x[perm]), base[perm])
+    for c in range(12):
+        assert_same_bits(_engine.matmul(int(t), rows, x[c:c + 1])[0], base[c])
+
+
+def test_extreme_codes_do_not_saturate():
+    """Q8_0 codes all −128 against activations all +127: the block sum −520192 is exact (a saturating
+    16-bit pair sum or a wrong offset correction would show)."""
+    n, n_rows = 256, 16
+    block = np.zeros(34, np.uint8)
+    block[0:2] = np.array([1.0], np.float16).view(np.uint8)
+    block[2:] = np.uint8(0x80)
+    rows = np.tile(block, (n_rows, n // 32))
+    x = np.ones((3, n), np.float32)  # quantizes to d = 1/127, all codes 127
+    got = _engine.matmul(int(Q.Q8_0), rows, x)
+    assert np.allclose(got, -128.0 * n, rtol=1e-6)  # d_w = 1, d_a · 127 = 1
+    assert_same_bits(got, reference(Q.Q8_0, rows, x))
+
+
+def test_matmul_rejects_a_wrong_row_size():
+    rng = np.random.default_rng(5)
+    rows = np.stack([rand_row(Q.Q8_0, 256, rng) for _ in range(8)])
+    with pytest.raises(ValueError, match="row size"):
+        _engine.matmul(int(Q.Q8_0), rows, rand_act(288, rng, 2))
