@@ -204,11 +204,11 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
       grow(sc, (size_t)len * group);
       const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      float tmp[64];
-      for (int j = 0; j < len; j++) {
-        dot_heads_f16(q, group, hd, kv.k(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd, tmp);
-        for (int h = 0; h < group; h++) sc[(size_t)h * len + j] = hp_.attn_scale * tmp[h];
-      }
+      std::vector<const uint16_t*>& rows = rows_[ith];
+      rows.resize(len);
+      for (int j = 0; j < len; j++) rows[j] = kv.k(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
+      attention_scores_f16(q, group, hd, rows.data(), len, sc.data());
+      for (size_t i = 0; i < (size_t)len * group; i++) sc[i] *= hp_.attn_scale;
       float inv[64];  // 1 / softmax denominator per head of the group
       for (int h = 0; h < group; h++) {
         float* s = &sc[(size_t)h * len];
@@ -216,8 +216,6 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       }
       for (int h = 0; h < group; h++)
         for (int j = 0; j < len; j++) sc[(size_t)h * len + j] *= inv[h];
-      std::vector<const uint16_t*>& rows = vrows_[ith];
-      rows.resize(len);
       for (int j = 0; j < len; j++) rows[j] = kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
       weighted_sum_f16(sc.data(), group, len, rows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
     }
@@ -291,7 +289,7 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
   grow(gate_, (size_t)T * hp_.n_ff);
   grow(up_, (size_t)T * hp_.n_ff);
   scores_.resize(pool.size());
-  vrows_.resize(pool.size());
+  rows_.resize(pool.size());
 
   const float scale = spec_->embd_scale ? std::sqrt((float)E) : 1.0f;
   pool.parallel_for(T, [&](int64_t t) {

@@ -110,7 +110,7 @@ class Model {
   // Work buffers, [T × width], reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, final_;
   std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights
-  std::vector<std::vector<const uint16_t*>> vrows_;  // per thread: [context] the V rows attended
+  std::vector<std::vector<const uint16_t*>> rows_;  // per thread: [context] the K, then the V rows attended
   ActBuffer act_;
 };
 

@@ -4,9 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace pyserve {
 
@@ -134,7 +132,7 @@ void rope(float* x, int n_heads, int pos, const RopeParams& p) {
 float dot_f32_f16(const float* a, const uint16_t* h, int64_t n) {
   int64_t i = 0;
   float sum = 0.f;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if PS_AVX2
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; i + 16 <= n; i += 16) {
     __m256 h0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i)));
@@ -154,25 +152,49 @@ float dot_f32_f16(const float* a, const uint16_t* h, int64_t n) {
 
 namespace {
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-template <int NH>
-void dot_heads_avx(const float* q, int hd, const uint16_t* k, float* s) {
-  __m256 a0[NH], a1[NH];
-  for (int h = 0; h < NH; h++) a0[h] = a1[h] = _mm256_setzero_ps();
+#if PS_AVX2
+// s[h·ss + p] = q_h · k_p for NH heads and NP rows: each row's K loaded once for all heads and each head's
+// q once for all rows. Per (h, p) the reduction is always the same (even / odd 8-lane chunks in two
+// accumulators, added, then summed across lanes), whatever NH and NP.
+template <int NH, int NP>
+void dot_heads_avx(const float* q, int hd, const uint16_t* const* k, float* s, int ss) {
+  __m256 a0[NH][NP], a1[NH][NP];
+  for (int h = 0; h < NH; h++)
+    for (int p = 0; p < NP; p++) a0[h][p] = a1[h][p] = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= hd; i += 16) {
-    __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i)));
-    __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i + 8)));
+    __m256 k0[NP], k1[NP];
+    for (int p = 0; p < NP; p++) {
+      k0[p] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[p] + i)));
+      k1[p] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k[p] + i + 8)));
+    }
     for (int h = 0; h < NH; h++) {
-      a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a0[h]);
-      a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1, a1[h]);
+      const __m256 q0 = _mm256_loadu_ps(q + h * hd + i), q1 = _mm256_loadu_ps(q + h * hd + i + 8);
+      for (int p = 0; p < NP; p++) {
+        a0[h][p] = _mm256_fmadd_ps(q0, k0[p], a0[h][p]);
+        a1[h][p] = _mm256_fmadd_ps(q1, k1[p], a1[h][p]);
+      }
     }
   }
-  for (int h = 0; h < NH; h++) {
-    float sum = hsum8(_mm256_add_ps(a0[h], a1[h]));
-    for (int j = i; j < hd; j++) sum += q[h * hd + j] * fp16_to_fp32(k[j]);
-    s[h] = sum;
+  for (int h = 0; h < NH; h++)
+    for (int p = 0; p < NP; p++) {
+      float sum = hsum8(_mm256_add_ps(a0[h][p], a1[h][p]));
+      for (int j = i; j < hd; j++) sum = std::fma(q[h * hd + j], fp16_to_fp32(k[p][j]), sum);
+      s[h * ss + p] = sum;
+    }
+}
+
+template <int NH>
+void dot_heads_rows(const float* q, int hd, const uint16_t* const* k, int len, float* s) {
+  // Two rows at a time where 32 vector registers hold the 4·NH·2 accumulators.
+  constexpr int NP = PS_AVX512BW ? 2 : 1, AHEAD = 16;  // rows prefetched ahead: the cache misses them
+  int j = 0;
+  for (; j + NP <= len; j += NP) {
+    for (int p = j + AHEAD; p < std::min(len, j + AHEAD + NP); p++)
+      for (int b = 0; b < hd * 2; b += 64) _mm_prefetch((const char*)k[p] + b, _MM_HINT_T0);
+    dot_heads_avx<NH, NP>(q, hd, k + j, s + j, len);
   }
+  for (; j < len; j++) dot_heads_avx<NH, 1>(q, hd, k + j, s + j, len);
 }
 
 // 32 output dims × NH heads in registers while the rows stream past.
@@ -184,6 +206,10 @@ void weighted_sum_avx(const float* w, int len, const uint16_t* const* v, int hd,
     for (int h = 0; h < NH; h++)
       for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
     for (int j = 0; j < len; j++) {
+      // The first pass brings whole rows in from memory well ahead (the rows are scattered over blocks, a
+      // miss costs ~100 ns); the later passes find them in L2.
+      if (i0 == 0 && j + 32 < len)
+        for (int b = 0; b < hd * 2; b += 64) _mm_prefetch((const char*)v[j + 32] + b, _MM_HINT_T0);
       __m256 x[4];
       for (int c = 0; c < 4; c++) x[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v[j] + i0 + 8 * c)));
       for (int h = 0; h < NH; h++) {
@@ -206,10 +232,18 @@ void weighted_sum_avx(const float* w, int len, const uint16_t* const* v, int hd,
 }  // namespace
 
 void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v, int hd, float* out) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  for (int h0 = 0; h0 < nh; h0 += 2) {
-    if (nh - h0 >= 2) weighted_sum_avx<2>(w + h0 * len, len, v, hd, out + h0 * hd);
-    else weighted_sum_avx<1>(w + h0 * len, len, v, hd, out + h0 * hd);
+#if PS_AVX2
+  // Four heads per pass where 32 vector registers hold their 16 accumulators: each V value converted once.
+  constexpr int MAX_NH = PS_AVX512BW ? 4 : 2;
+  for (int h0 = 0; h0 < nh; h0 += MAX_NH) {
+    const float* wh = w + (size_t)h0 * len;
+    float* oh = out + h0 * hd;
+    switch (std::min(MAX_NH, nh - h0)) {
+      case 4: weighted_sum_avx<PS_AVX512BW ? 4 : 1>(wh, len, v, hd, oh); break;
+      case 3: weighted_sum_avx<PS_AVX512BW ? 3 : 1>(wh, len, v, hd, oh); break;
+      case 2: weighted_sum_avx<2>(wh, len, v, hd, oh); break;
+      default: weighted_sum_avx<1>(wh, len, v, hd, oh); break;
+    }
   }
 #else
   for (int h = 0; h < nh; h++)
@@ -221,18 +255,21 @@ void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v,
 #endif
 }
 
-void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s) {
+#if PS_AVX2
   for (int h0 = 0; h0 < nh; h0 += 4) {
+    const float* qh = q + h0 * hd;
+    float* sh = s + (size_t)h0 * len;
     switch (std::min(4, nh - h0)) {
-      case 4: dot_heads_avx<4>(q + h0 * hd, hd, k, s + h0); break;
-      case 3: dot_heads_avx<3>(q + h0 * hd, hd, k, s + h0); break;
-      case 2: dot_heads_avx<2>(q + h0 * hd, hd, k, s + h0); break;
-      default: dot_heads_avx<1>(q + h0 * hd, hd, k, s + h0); break;
+      case 4: dot_heads_rows<4>(qh, hd, k, len, sh); break;
+      case 3: dot_heads_rows<3>(qh, hd, k, len, sh); break;
+      case 2: dot_heads_rows<2>(qh, hd, k, len, sh); break;
+      default: dot_heads_rows<1>(qh, hd, k, len, sh); break;
     }
   }
 #else
-  for (int h = 0; h < nh; h++) s[h] = dot_f32_f16(q + h * hd, k, hd);
+  for (int h = 0; h < nh; h++)
+    for (int j = 0; j < len; j++) s[(size_t)h * len + j] = dot_f32_f16(q + h * hd, k[j], hd);
 #endif
 }
 

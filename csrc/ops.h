@@ -73,9 +73,10 @@ void act_invalidate(ActBuffer& act);
 
 // Σ a[i]·h[i] with h in fp16, fixed order (attention scores against the fp16 KV cache).
 float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
-// The same for the nh query heads that share one fp16 K row (GQA), loading the row once:
-// s[h] = Σ_i q[h·hd + i] · k[i] for h < nh, each reduced in the same order as dot_f32_f16.
-void dot_heads_f16(const float* q, int nh, int hd, const uint16_t* k, float* s);
+// Attention scores of the nh query heads that share K rows (GQA): s[h·len + j] = Σ_i q[h·hd + i] · k[j][i]
+// for h < nh, j < len, each K row loaded once for all heads. Every score is reduced in one fixed order
+// (independent of nh, len and of where j falls), so a token's scores do not depend on its batch.
+void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s);
 // out[h·hd + i] = Σ_j w[h·len + j] · v[j][i] over j in order, for h < nh: attention's weighted sum of
 // the fp16 V rows, with the output held in registers across j (no read-modify-write per row).
 void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v, int hd, float* out);
