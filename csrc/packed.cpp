@@ -10,6 +10,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "simd.h"
@@ -17,18 +18,51 @@
 namespace pyserve {
 namespace {
 
-// One 32-element block of a group. q byte 32k + 4r + j: element 4k + j of row r (Q8_0: the signed value;
-// Q4_0 / Q5_0: the unsigned code in the low nibble for k < 4 and, in the high nibble, element 4(k+4) + j).
-struct pblock_q8_0 { uint16_t d[8]; int8_t q[256]; };                   // 272 B = 8 × block_q8_0
-struct pblock_q4_0 { uint16_t d[8]; uint8_t q[128]; };                  // 144 B = 8 × block_q4_0
-struct pblock_q5_0 { uint16_t d[8]; uint32_t qh[8]; uint8_t q[128]; };  // 176 B = 8 × block_q5_0;
-                                                                       // qh[k] bit 4r + j: bit 4 of element 4k + j of row r
-static_assert(sizeof(pblock_q8_0) == 272 && sizeof(pblock_q4_0) == 144 && sizeof(pblock_q5_0) == 176, "layout");
+// ---- packed blocks: one block (32 elements) or super-block (256) of 8 rows.
+// "Interleaved" bytes: vector k (32 B) holds elements 4k..4k+3 of row r at bytes 4r..4r+3.
+// "Nibbles": 4 vectors; low nibbles hold the interleave of elements 0..15, high nibbles of 16..31;
+// qh[k] (5-bit codes) bit 4r + j is bit 4 of element 4k + j of row r.
+struct pblock_q8_0 { uint16_t d[8]; int8_t q[256]; };                   // interleaved signed values
+struct pblock_q4_0 { uint16_t d[8]; uint8_t q[128]; };                  // nibbles, codes = value + 8
+struct pblock_q5_0 { uint16_t d[8]; uint32_t qh[8]; uint8_t q[128]; };  // nibbles + qh, codes = value + 16
+struct pblock_q4_K {
+  uint16_t d[8], dmin[8];
+  uint8_t sc[8][8];       // [sub-block j][row]: 6-bit scales
+  int16_t m[4][8][2];     // [pair p][row]: the mins of sub-blocks 2p, 2p + 1 (int16 pairs for vpdpwssd)
+  uint8_t q[8][128];      // sub-block j (32 elements): nibbles, codes 0..15
+};
+struct pblock_q5_K : pblock_q4_K {
+  uint32_t qh[8][8];      // [sub-block j][k]: the 5th bits of sub-block j
+};
+struct pblock_q6_K {
+  uint16_t d[8];
+  int8_t sc[16][8];       // [group g of 16][row]: signed scales
+  uint8_t q[16][128];     // group g: 4 interleaved vectors of codes 0..63 (value + 32)
+};
+static_assert(sizeof(pblock_q8_0) == 272 && sizeof(pblock_q4_0) == 144 && sizeof(pblock_q5_0) == 176, "8 × the block");
 
-// ---- packing (scalar, once at load)
+// ---- packing (scalar, once at load). c: codes of row r at c + r · cs.
 
-// The 32 codes of one original block: Q8_0 signed values, Q4_0 / Q5_0 unsigned codes (value + 8 / + 16).
-void block_codes(GGMLType t, const uint8_t* b, uint8_t c[32], uint16_t* d) {
+void interleave_bytes(const uint8_t* c, size_t cs, int n, uint8_t* out) {
+  for (int k = 0; k < n / 4; k++)
+    for (int r = 0; r < 8; r++) std::memcpy(out + 32 * k + 4 * r, c + r * cs + 4 * k, 4);
+}
+
+void interleave_nibbles(const uint8_t* c, size_t cs, uint8_t* q, uint32_t* qh) {
+  for (int k = 0; k < 4; k++)
+    for (int r = 0; r < 8; r++)
+      for (int j = 0; j < 4; j++) {
+        const uint8_t lo = c[r * cs + 4 * k + j], hi = c[r * cs + 4 * (k + 4) + j];
+        q[32 * k + 4 * r + j] = (uint8_t)((lo & 0x0F) | (hi & 0x0F) << 4);
+        if (qh) {
+          qh[k] |= (uint32_t)(lo >> 4 & 1) << (4 * r + j);
+          qh[k + 4] |= (uint32_t)(hi >> 4 & 1) << (4 * r + j);
+        }
+      }
+}
+
+// The 32 codes of one legacy block (Q8_0 signed values; Q4_0 / Q5_0 unsigned codes) and its scale bits.
+void legacy_codes(GGMLType t, const uint8_t* b, uint8_t c[32], uint16_t* d) {
   std::memcpy(d, b, 2);
   if (t == GGMLType::Q8_0) {
     std::memcpy(c, b + 2, 32);
@@ -43,35 +77,76 @@ void block_codes(GGMLType t, const uint8_t* b, uint8_t c[32], uint16_t* d) {
   }
 }
 
-// codes[r][e] of the 8 rows → one packed block.
-void put_block(GGMLType t, const uint8_t codes[8][32], const uint16_t d[8], uint8_t* out) {
-  std::memcpy(out, d, 16);
+// One packed block from the 8 source blocks src[r] (row r's block i).
+void pack_legacy(GGMLType t, const uint8_t* const src[8], uint8_t* out) {
+  uint8_t codes[8][32];
+  uint16_t d[8];
+  for (int r = 0; r < 8; r++) legacy_codes(t, src[r], codes[r], d + r);
   if (t == GGMLType::Q8_0) {
-    for (int k = 0; k < 8; k++)
-      for (int r = 0; r < 8; r++) std::memcpy(out + 16 + 32 * k + 4 * r, codes[r] + 4 * k, 4);
+    auto& p = *(pblock_q8_0*)out;
+    std::memcpy(p.d, d, 16);
+    interleave_bytes(&codes[0][0], 32, 32, (uint8_t*)p.q);
+  } else if (t == GGMLType::Q5_0) {
+    auto& p = *(pblock_q5_0*)out;
+    std::memcpy(p.d, d, 16);
+    std::memset(p.qh, 0, sizeof(p.qh));
+    interleave_nibbles(&codes[0][0], 32, p.q, p.qh);
+  } else {
+    auto& p = *(pblock_q4_0*)out;
+    std::memcpy(p.d, d, 16);
+    interleave_nibbles(&codes[0][0], 32, p.q, nullptr);
+  }
+}
+
+void pack_k(GGMLType t, const uint8_t* const src[8], uint8_t* out) {
+  KBlockCodes kc[8];
+  for (int r = 0; r < 8; r++) k_block_codes(t, src[r], kc[r]);
+  const size_t cs = sizeof(KBlockCodes);
+  if (t == GGMLType::Q6_K) {
+    auto& p = *(pblock_q6_K*)out;
+    for (int r = 0; r < 8; r++) {
+      p.d[r] = kc[r].d;
+      for (int g = 0; g < 16; g++) p.sc[g][r] = kc[r].sc[g];
+    }
+    for (int g = 0; g < 16; g++) interleave_bytes(kc[0].q + 16 * g, cs, 16, p.q[g]);
     return;
   }
-  uint8_t* q = out + (t == GGMLType::Q5_0 ? 48 : 16);
-  uint32_t qh[8] = {};
-  for (int k = 0; k < 4; k++)
-    for (int r = 0; r < 8; r++)
-      for (int j = 0; j < 4; j++) {
-        const uint8_t lo = codes[r][4 * k + j], hi = codes[r][4 * (k + 4) + j];
-        q[32 * k + 4 * r + j] = (uint8_t)((lo & 0x0F) | (hi & 0x0F) << 4);
-        qh[k] |= (uint32_t)(lo >> 4) << (4 * r + j);
-        qh[k + 4] |= (uint32_t)(hi >> 4) << (4 * r + j);
-      }
-  if (t == GGMLType::Q5_0) std::memcpy(out + 16, qh, 32);
+  auto& p = *(pblock_q4_K*)out;
+  for (int r = 0; r < 8; r++) {
+    p.d[r] = kc[r].d;
+    p.dmin[r] = kc[r].dmin;
+    for (int j = 0; j < 8; j++) {
+      p.sc[j][r] = (uint8_t)kc[r].sc[j];
+      p.m[j / 2][r][j % 2] = kc[r].m[j];
+    }
+  }
+  uint32_t* qh = nullptr;
+  if (t == GGMLType::Q5_K) {
+    qh = &((pblock_q5_K*)out)->qh[0][0];
+    std::memset(qh, 0, sizeof(pblock_q5_K::qh));
+  }
+  for (int j = 0; j < 8; j++) interleave_nibbles(kc[0].q + 32 * j, cs, p.q[j], qh ? qh + 8 * j : nullptr);
 }
 
 size_t pblock_size(GGMLType t) {
-  return t == GGMLType::Q8_0 ? sizeof(pblock_q8_0) : t == GGMLType::Q5_0 ? sizeof(pblock_q5_0) : sizeof(pblock_q4_0);
+  switch (t) {
+    case GGMLType::Q8_0: return sizeof(pblock_q8_0);
+    case GGMLType::Q5_0: return sizeof(pblock_q5_0);
+    case GGMLType::Q4_0: return sizeof(pblock_q4_0);
+    case GGMLType::Q4_K: return sizeof(pblock_q4_K);
+    case GGMLType::Q5_K: return sizeof(pblock_q5_K);
+    default: return sizeof(pblock_q6_K);
+  }
 }
+
+bool is_k(GGMLType t) { return t == GGMLType::Q4_K || t == GGMLType::Q5_K || t == GGMLType::Q6_K; }
 
 // ---- kernels
 
 #if PS_AVX2
 inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
 
 // acc + Σ of 4 consecutive u8·s8 products per int32 lane, exact. Without VNNI, maddubs's int16 pairs
 // cannot saturate because every u operand here is ≤ 128.
@@ -85,14 +160,26 @@ inline __m256i dp4(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+// acc + Σ of 2 int16·int16 products per int32 lane, exact.
+inline __m256i dp2(__m256i acc, __m256i a, __m256i b) {
+#if PS_VNNI == 1
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif PS_VNNI == 2
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 
-// Decoders: the 8 u8 operand vectors of a block (vector k holds elements 4k..4k+3 of every row).
-// Q8_0 with VNNI: value + 128 (offset 128). Without VNNI the signed values are returned and the kernel
-// moves the sign onto the activation instead (offset 0).
-inline void dec_q8_0(const pblock_q8_0& b, __m256i* w) {
-  for (int k = 0; k < 8; k++) w[k] = PS_VNNI ? _mm256_xor_si256(load256(b.q + 32 * k), _mm256_set1_epi8((char)0x80))
-                                             : load256(b.q + 32 * k);
+// Σ over 32 elements per row: 8 interleaved vectors against the activation bytes x[0..31], in two
+// chains (integer sums: the split changes no result).
+inline __m256i dot32(const __m256i* w, const int8_t* x, __m256i s0) {
+  __m256i s1 = _mm256_setzero_si256();
+  for (int k = 0; k < 8; k += 2) {
+    s0 = dp4(s0, w[k], bcast4(x + 4 * k));
+    s1 = dp4(s1, w[k + 1], bcast4(x + 4 * k + 4));
+  }
+  return _mm256_add_epi32(s0, s1);
 }
 
 inline void split_nibbles(const uint8_t* q, __m256i* w) {
@@ -104,81 +191,206 @@ inline void split_nibbles(const uint8_t* q, __m256i* w) {
   }
 }
 
-inline void dec_q4_0(const pblock_q4_0& b, __m256i* w) { split_nibbles(b.q, w); }
-
-inline void dec_q5_0(const pblock_q5_0& b, __m256i* w) {
-  split_nibbles(b.q, w);
+inline void add_bit4(const uint32_t* qh, __m256i* w) {
   const __m256i h = _mm256_set1_epi8(0x10);
   for (int k = 0; k < 8; k++)
 #if PS_AVX512BW
-    w[k] = _mm256_mask_add_epi8(w[k], (__mmask32)b.qh[k], w[k], h);
+    w[k] = _mm256_mask_add_epi8(w[k], (__mmask32)qh[k], w[k], h);
 #else
-    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(bits_to_bytes(b.qh[k]), h));
+    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(bits_to_bytes(qh[k]), h));
 #endif
 }
 
-// One group × NC columns over all nb blocks. OFF: the code offset; SIGNED: w holds signed values (Q8_0
-// without VNNI), multiplied as |w| · sign(a, w).
+// Prefetch the same block of the next group (one group ahead): the hardware prefetcher alone falls
+// behind a stream this compute-dense (measured: 74 vs 115 GMAC/s from DRAM vs from cache at 8 columns).
+template <class PB>
+inline void prefetch_next_group(const PB* b, int64_t nb, int64_t i) {
+  for (size_t l = 0; l < sizeof(PB); l += 64) _mm_prefetch((const char*)(b + nb + i) + l, _MM_HINT_T0);
+}
+
+// ---- legacy: Σ_blocks fma(d_w·d_a, Σ codes·a − OFF·Σa, acc)
+
+// Q8_0 with VNNI: value + 128 (offset 128). Without VNNI the signed values are kept and the kernel moves
+// the sign onto the activation instead (offset 0).
+inline void dec_q8_0(const pblock_q8_0& b, __m256i* w) {
+  for (int k = 0; k < 8; k++) w[k] = PS_VNNI ? _mm256_xor_si256(load256(b.q + 32 * k), _mm256_set1_epi8((char)0x80))
+                                             : load256(b.q + 32 * k);
+}
+inline void dec_q4_0(const pblock_q4_0& b, __m256i* w) { split_nibbles(b.q, w); }
+inline void dec_q5_0(const pblock_q5_0& b, __m256i* w) {
+  split_nibbles(b.q, w);
+  add_bit4(b.qh, w);
+}
+
+// One group × NC columns over all nb blocks. SIGNED: w holds signed values (Q8_0 without VNNI),
+// multiplied as |w| · sign(a, w).
 template <class PB, void (*Dec)(const PB&, __m256i*), int OFF, bool SIGNED, int NC>
-void group_cols(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {
+void group_legacy(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {
   const PB* b = (const PB*)blocks;
   __m256 acc[NC];
   for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; i++) {
-    // The next group's block i, one group ahead: the hardware prefetcher alone falls behind a stream
-    // this compute-dense (measured: 74 vs 115 GMAC/s from DRAM vs from cache at 8 columns).
-    if (NC >= 4)
-      for (size_t l = 0; l < sizeof(PB); l += 64) _mm_prefetch((const char*)(b + nb + i) + l, _MM_HINT_T0);
-    __m256i w[8];
+    if (NC >= 4) prefetch_next_group(b, nb, i);
+    __m256i w[8], aw[8];
     Dec(b[i], w);
+    if (SIGNED)
+      for (int k = 0; k < 8; k++) aw[k] = _mm256_abs_epi8(w[k]);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].d));
     for (int c = 0; c < NC; c++) {
       const block_q8_32& a = ((const block_q8_32*)(act + c * stride))[i];
-      // Two dependency chains of 4 (integer sums: the split changes no result).
-      __m256i s[2] = {_mm256_set1_epi32(-OFF * a.sum), _mm256_setzero_si256()};
-      for (int k = 0; k < 8; k++) {
-        const __m256i x = _mm256_set1_epi32(load_i32(a.qs + 4 * k));
-        s[k & 1] = SIGNED ? dp4(s[k & 1], _mm256_abs_epi8(w[k]), _mm256_sign_epi8(x, w[k])) : dp4(s[k & 1], w[k], x);
+      __m256i s;
+      if (SIGNED) {
+        s = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) s = dp4(s, aw[k], _mm256_sign_epi8(bcast4(a.qs + 4 * k), w[k]));
+      } else {
+        s = dot32(w, a.qs, _mm256_set1_epi32(-OFF * a.sum));
       }
-      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(_mm256_add_epi32(s[0], s[1])), acc[c]);
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(s), acc[c]);
     }
   }
   for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
 }
 
-// Columns per pass: the 8 weight vectors and NC accumulators stay in registers (32 with AVX-512 VL).
+// ---- Q4_K / Q5_K: per super-block fma(d·d_a, Σ_j sc_j·Σ q·a, acc) then fma(−dmin·d_a, Σ_j m_j·Σa_j, acc)
+
+template <class PB>
+inline void dec_sub_k(const PB& b, int j, __m256i* w) {
+  split_nibbles(b.q[j], w);
+  if constexpr (std::is_same_v<PB, pblock_q5_K>) add_bit4(b.qh[j], w);
+}
+
+// Σ_j m_j · (bsums[2j] + bsums[2j+1]) per row, with the mins as int16 pairs.
+inline __m256i mins_term(const pblock_q4_K& b, const block_q8_K& a) {
+  int16_t s[8];
+  for (int j = 0; j < 8; j++) s[j] = (int16_t)(a.bsums[2 * j] + a.bsums[2 * j + 1]);
+  __m256i m = _mm256_setzero_si256();
+  for (int p = 0; p < 4; p++) {
+    int32_t pair;
+    std::memcpy(&pair, s + 2 * p, 4);
+    m = dp2(m, load256(b.m[p]), _mm256_set1_epi32(pair));
+  }
+  return m;
+}
+
+template <class PB, int NC>
+void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {
+  const PB* b = (const PB*)blocks;
+  __m256 acc[NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; i++) {
+    if (NC >= 4) prefetch_next_group(b, nb, i);
+    __m256i tot[NC];
+    for (int c = 0; c < NC; c++) tot[c] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+      __m256i w[8];
+      dec_sub_k(b[i], j, w);
+      const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b[i].sc[j]));
+      for (int c = 0; c < NC; c++) {
+        const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
+        tot[c] = _mm256_add_epi32(tot[c], _mm256_mullo_epi32(dot32(w, a.qs + 32 * j, _mm256_setzero_si256()), sc));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].d));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].dmin));
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
+      const __m256 da = _mm256_set1_ps(a.d);
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(tot[c]), acc[c]);
+      acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, da), _mm256_cvtepi32_ps(mins_term(b[i], a)), acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
+}
+
+// ---- Q6_K: per super-block fma(d·d_a, Σ_g sc_g·(Σ q·a − 32·Σa_g), acc)
+
+template <int NC>
+void group_q6_K(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {
+  const pblock_q6_K* b = (const pblock_q6_K*)blocks;
+  __m256 acc[NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; i++) {
+    if (NC >= 4) prefetch_next_group(b, nb, i);
+    __m256i tot[NC];
+    for (int c = 0; c < NC; c++) tot[c] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g++) {
+      __m256i w[4];
+      for (int k = 0; k < 4; k++) w[k] = load256(b[i].q[g] + 32 * k);
+      const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)b[i].sc[g]));
+      for (int c = 0; c < NC; c++) {
+        const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
+        const int8_t* x = a.qs + 16 * g;
+        __m256i s0 = dp4(_mm256_set1_epi32(-32 * a.bsums[g]), w[0], bcast4(x));
+        __m256i s1 = dp4(_mm256_setzero_si256(), w[1], bcast4(x + 4));
+        s0 = dp4(s0, w[2], bcast4(x + 8));
+        s1 = dp4(s1, w[3], bcast4(x + 12));
+        tot[c] = _mm256_add_epi32(tot[c], _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), sc));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].d));
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
+      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(tot[c]), acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
+}
+
+// Columns per pass: the weight vectors and 2 · NC accumulators stay in registers (32 with AVX-512 VL).
 constexpr int MAX_COLS = PS_AVX512BW ? 8 : 4;
 
 using GroupFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, float*, size_t);
+using Table = std::array<GroupFn, MAX_COLS>;
 
-template <class PB, void (*Dec)(const PB&, __m256i*), int OFF, bool SIGNED, size_t... I>
-constexpr auto make_table(std::index_sequence<I...>) {
-  return std::array<GroupFn, sizeof...(I)>{&group_cols<PB, Dec, OFF, SIGNED, (int)I + 1>...};
-}
-constexpr auto kQ8_0 = make_table<pblock_q8_0, dec_q8_0, PS_VNNI ? 128 : 0, !PS_VNNI>(std::make_index_sequence<MAX_COLS>{});
-constexpr auto kQ5_0 = make_table<pblock_q5_0, dec_q5_0, 16, false>(std::make_index_sequence<MAX_COLS>{});
-constexpr auto kQ4_0 = make_table<pblock_q4_0, dec_q4_0, 8, false>(std::make_index_sequence<MAX_COLS>{});
+template <template <int> class K, size_t... I>
+constexpr Table table(std::index_sequence<I...>) { return Table{K<(int)I + 1>::run...}; }
+template <template <int> class K>
+constexpr Table table() { return table<K>(std::make_index_sequence<MAX_COLS>{}); }
+
+template <int NC> struct KQ8_0 { static constexpr GroupFn run = &group_legacy<pblock_q8_0, dec_q8_0, PS_VNNI ? 128 : 0, !PS_VNNI, NC>; };
+template <int NC> struct KQ5_0 { static constexpr GroupFn run = &group_legacy<pblock_q5_0, dec_q5_0, 16, false, NC>; };
+template <int NC> struct KQ4_0 { static constexpr GroupFn run = &group_legacy<pblock_q4_0, dec_q4_0, 8, false, NC>; };
+template <int NC> struct KQ4_K { static constexpr GroupFn run = &group_kmin<pblock_q4_K, NC>; };
+template <int NC> struct KQ5_K { static constexpr GroupFn run = &group_kmin<pblock_q5_K, NC>; };
+template <int NC> struct KQ6_K { static constexpr GroupFn run = &group_q6_K<NC>; };
+
+constexpr Table kQ8_0 = table<KQ8_0>(), kQ5_0 = table<KQ5_0>(), kQ4_0 = table<KQ4_0>();
+constexpr Table kQ4_K = table<KQ4_K>(), kQ5_K = table<KQ5_K>(), kQ6_K = table<KQ6_K>();
 
 const GroupFn* group_fns(GGMLType t) {
-  return t == GGMLType::Q8_0 ? kQ8_0.data() : t == GGMLType::Q5_0 ? kQ5_0.data() : kQ4_0.data();
+  switch (t) {
+    case GGMLType::Q8_0: return kQ8_0.data();
+    case GGMLType::Q5_0: return kQ5_0.data();
+    case GGMLType::Q4_0: return kQ4_0.data();
+    case GGMLType::Q4_K: return kQ4_K.data();
+    case GGMLType::Q5_K: return kQ5_K.data();
+    default: return kQ6_K.data();
+  }
 }
 #endif  // PS_AVX2
 
 }  // namespace
 
 bool packable(GGMLType t) {
-  return PS_AVX2 && (t == GGMLType::Q8_0 || t == GGMLType::Q5_0 || t == GGMLType::Q4_0);
+  switch (t) {
+    case GGMLType::Q8_0: case GGMLType::Q5_0: case GGMLType::Q4_0:
+    case GGMLType::Q4_K: case GGMLType::Q5_K: case GGMLType::Q6_K:
+      return PS_AVX2;
+    default:
+      return false;
+  }
 }
 
 std::unique_ptr<PackedWeight> pack_weight(GGMLType t, const uint8_t* rows, size_t row_bytes, int64_t n_rows,
                                           int64_t n_in) {
   if (!packable(t)) throw std::invalid_argument(std::string("cannot pack weights of type ") + type_traits((uint32_t)t)->name);
-  if (n_in <= 0 || n_in % QK) throw std::invalid_argument("cannot pack rows of " + std::to_string(n_in) + " elements");
+  const int bs = type_traits((uint32_t)t)->block_size;
+  if (n_in <= 0 || n_in % bs) throw std::invalid_argument("cannot pack rows of " + std::to_string(n_in) + " elements");
   auto p = std::make_unique<PackedWeight>();
   p->type = t;
   p->n_in = n_in;
   p->n_groups = n_rows / PACK_ROWS;
-  const int64_t nb = n_in / QK;
+  const int64_t nb = n_in / bs;
   const size_t src_block = type_traits((uint32_t)t)->type_size, dst_block = pblock_size(t);
   p->group_bytes = (size_t)nb * dst_block;
   const size_t total = std::max<size_t>(64, (p->n_groups * p->group_bytes + 63) / 64 * 64);
@@ -187,13 +399,13 @@ std::unique_ptr<PackedWeight> pack_weight(GGMLType t, const uint8_t* rows, size_
 #ifdef MADV_HUGEPAGE
   madvise(p->data.get(), total, MADV_HUGEPAGE);  // fewer TLB misses while streaming large matrices
 #endif
-  uint8_t codes[8][32];
-  uint16_t d[8];
+  const uint8_t* src[8];
   for (int64_t g = 0; g < p->n_groups; g++)
     for (int64_t i = 0; i < nb; i++) {
-      for (int r = 0; r < 8; r++)
-        block_codes(t, rows + (g * 8 + r) * row_bytes + i * src_block, codes[r], d + r);
-      put_block(t, codes, d, p->data.get() + g * p->group_bytes + i * dst_block);
+      for (int r = 0; r < 8; r++) src[r] = rows + (g * 8 + r) * row_bytes + i * src_block;
+      uint8_t* out = p->data.get() + g * p->group_bytes + i * dst_block;
+      if (is_k(t)) pack_k(t, src, out);
+      else pack_legacy(t, src, out);
     }
   return p;
 }
@@ -202,7 +414,7 @@ void packed_tile(const PackedWeight& p, int64_t g0, int64_t g1, const uint8_t* a
                  float* out, size_t out_stride) {
 #if PS_AVX2
   const GroupFn* fns = group_fns(p.type);
-  const int64_t nb = p.n_in / QK;
+  const int64_t nb = p.n_in / type_traits((uint32_t)p.type)->block_size;
   for (int64_t g = g0; g < g1; g++)
     for (int c0 = 0; c0 < ncols; c0 += MAX_COLS) {
       const int nc = std::min(MAX_COLS, ncols - c0);

@@ -188,6 +188,32 @@ static void codes_q6_K(const block_q6_K& b, int8_t* q) {
   }
 }
 
+void k_block_codes(GGMLType t, const void* block, KBlockCodes& out) {
+  int8_t q[QK_K];
+  std::memset(out.sc, 0, sizeof(out.sc));
+  std::memset(out.m, 0, sizeof(out.m));
+  out.dmin = 0;
+  if (t == GGMLType::Q4_K || t == GGMLType::Q5_K) {
+    const block_q4_K& b4 = *(const block_q4_K*)block;  // d, dmin, scales lead both layouts
+    if (t == GGMLType::Q4_K) codes_q4_K(b4, q);
+    else codes_q5_K(*(const block_q5_K*)block, q);
+    uint8_t sc[8];
+    k4_scales(b4.scales, sc, out.m);
+    for (int j = 0; j < 8; j++) out.sc[j] = (int8_t)sc[j];
+    out.d = b4.d;
+    out.dmin = b4.dmin;
+    std::memcpy(out.q, q, QK_K);
+  } else if (t == GGMLType::Q6_K) {
+    const block_q6_K& b = *(const block_q6_K*)block;
+    codes_q6_K(b, q);
+    for (int l = 0; l < QK_K; l++) out.q[l] = (uint8_t)(q[l] + 32);
+    std::memcpy(out.sc, b.scales, 16);
+    out.d = b.d;
+  } else {
+    throw std::invalid_argument("k_block_codes: not a K-quant type");
+  }
+}
+
 template <class B, void (*Codes)(const B&, int8_t*)>
 static void deq_k_min(const void* s, float* y, int64_t n) {
   const B* b = (const B*)s;
@@ -357,7 +383,9 @@ static float ref_k_min(int64_t n, const void* vw, const void* va) {
       sumi += sc[j] * s;
       summ += m[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
     }
-    sum += (h2f(w[i].d) * a[i].d) * (float)sumi - (h2f(w[i].dmin) * a[i].d) * (float)summ;
+    // Two fmas per super-block in this order: the packed kernels (packed.h) compute exactly this chain.
+    sum = std::fma(h2f(w[i].d) * a[i].d, (float)sumi, sum);
+    sum = std::fma(-(h2f(w[i].dmin) * a[i].d), (float)summ, sum);
   }
   return sum;
 }
@@ -375,7 +403,7 @@ static float ref_q6_K(int64_t n, const void* vw, const void* va) {
       for (int l = 0; l < 16; l++) s += q[16 * g + l] * a[i].qs[16 * g + l];
       sumi += w[i].scales[g] * s;
     }
-    sum += (h2f(w[i].d) * a[i].d) * (float)sumi;
+    sum = std::fma(h2f(w[i].d) * a[i].d, (float)sumi, sum);  // as the packed kernel
   }
   return sum;
 }

@@ -67,6 +67,18 @@ void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n);
 // Quantize an activation row of n floats into format f (F32 copies). Round to nearest, d = amax / 127.
 void quantize_act_row(ActFormat f, const float* x, void* dst, int64_t n);
 
+// The integer content of one K-quant super-block, for re-laying it (packed.h): codes in element order
+// (Q4_K: 0..15, Q5_K: 0..31, Q6_K: 0..63 = value + 32), sub-block scales (Q4_K / Q5_K: 8 of 0..63; Q6_K: 16
+// signed) and mins (Q4_K / Q5_K: 8 of 0..63), fp16 d and dmin bits. Throws std::invalid_argument for
+// another type.
+struct KBlockCodes {
+  uint8_t q[QK_K];
+  int8_t sc[16];
+  uint8_t m[8];
+  uint16_t d, dmin;
+};
+void k_block_codes(GGMLType t, const void* block, KBlockCodes& out);
+
 // Dot product of one weight row (type t, n elements) with one activation row already in
 // type_traits(t)->act format. `vec_dot` takes the SIMD path where compiled in, `vec_dot_ref` is scalar.
 float vec_dot(GGMLType t, int64_t n, const void* w_row, const void* act_row);
