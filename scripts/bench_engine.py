@@ -154,7 +154,7 @@ def bench_llama_cpp(path: str, threads: int, prefill_len: int, decode_len: int) 
 
 def best_of(best: dict, new: dict) -> None:
     for k, v in new.items():
-        better = min if "rss" in k else max
+        better = min if "rss" in str(k) else max
         best[k] = better(best[k], v) if k in best else v
 
 
@@ -183,7 +183,9 @@ def main() -> None:
           f"batch8 {ours['batch8_decode_tok_s']:7.1f} tok/s  batch32 {ours['batch32_decode_tok_s']:7.1f} tok/s  "
           f"rss {ours['rss_mb']:.0f} MB (max {ours['max_rss_mb']:.0f} MB)")
     if args.concurrency:
-        agg = bench_concurrency(path, args.threads)
+        agg = {}
+        for _ in range(args.rounds):
+            best_of(agg, bench_concurrency(path, args.threads))
         print("aggregate decode " + "  ".join(f"{k}: {v:.1f} tok/s" for k, v in agg.items()) +
               f"   (16 vs 1: {agg[16] / agg[1]:.2f}x)")
         print(f"prefix cache: TTFT with 1000 cached tokens / cold = {bench_prefix_cache(path, args.threads):.3f}")

@@ -1,4 +1,5 @@
-"""Micro-benchmark of the quant dot-product kernels: ns per row-dot, ref vs simd vs vec_dot_cols.
+"""Micro-benchmark of the quant dot-product kernels: ns per row-dot (ref vs simd vs vec_dot_cols), and the
+packed matmul kernels (packed.h) against the per-row tiles they replaced, in GMAC/s per thread.
 
 The Python bindings quantize the activation on every call, which would swamp a 100 ns kernel, so this
 script compiles a small C++ driver against csrc/quant.cpp (same flags as the engine: -O3 -march=native)
@@ -13,6 +14,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DRIVER = r"""
+#include "packed.h"
 #include "quant.h"
 #include <chrono>
 #include <cstdio>
@@ -90,6 +92,33 @@ int main(int argc, char** argv) {
       std::printf("%-5s %5lld %9.1f %9.1f %9.1f %7.1f %9.1f\n", ty.name, (long long)n, r, s, c, r / c, n / c);
     }
   }
+  // Packed groups of 8 rows vs the per-row tiles (vec_dot_tile, 8 columns per call), same rows and columns.
+  std::printf("\nmatmul GMAC/s, 1 thread: per-row tiles vs packed (n = 2048 for K-quants, else 640)\n");
+  std::printf("%-5s %7s %4s %9s %9s %7s\n", "type", "rows", "T", "tiles", "packed", "x");
+  for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q5_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K}) {
+    const TypeTraits* tt = type_traits((uint32_t)t);
+    const int64_t n = tt->block_size == QK_K ? 2048 : 640;
+    for (int64_t rows : {(int64_t)256, (int64_t)(quick ? 8192 : 65536)}) {
+      auto w = rand_rows(t, n, (int)rows);
+      const size_t rs = row_size(t, n), as = act_row_size(tt->act, n);
+      auto p = pack_weight(t, w.data(), rs, rows, n);
+      for (int T : {1, 8, 16}) {
+        std::vector<float> x(n * T);
+        std::normal_distribution<float> g;
+        for (auto& f : x) f = g(rng);
+        std::vector<uint8_t> act(as * T);
+        for (int c = 0; c < T; c++) quantize_act_row(tt->act, x.data() + c * n, act.data() + c * as, n);
+        std::vector<float> out(rows * T);
+        const double macs = (double)rows * n * T, tm = rows > 256 ? 0.5 : ms;
+        double a = time_ns([&] {
+          for (int c0 = 0; c0 < T; c0 += 8)
+            vec_dot_tile(t, n, w.data(), rs, rows, act.data() + c0 * as, as, std::min(8, T - c0), out.data() + c0 * rows, rows);
+          sink = out[0]; }, tm);
+        double b = time_ns([&] { packed_tile(*p, 0, rows / 8, act.data(), as, T, out.data(), rows); sink = out[0]; }, tm);
+        std::printf("%-5s %7lld %4d %9.1f %9.1f %7.2f\n", tt->name, (long long)rows, T, macs / a, macs / b, a / b);
+      }
+    }
+  }
   // Decode shape: the whole Q8_0 output matrix (262144 x 640, 178 MB) streamed from memory per token.
   {
     const int64_t n = 640, rows = quick ? 32768 : 262144;
@@ -118,7 +147,7 @@ def main():
         with open(src, "w") as f:
             f.write(DRIVER)
         cmd = [a.cxx, "-std=c++17", "-O3", "-march=native", "-I", os.path.join(ROOT, "csrc"), src,
-               os.path.join(ROOT, "csrc", "quant.cpp"), "-o", exe]
+               os.path.join(ROOT, "csrc", "quant.cpp"), os.path.join(ROOT, "csrc", "packed.cpp"), "-o", exe]
         print(" ".join(cmd[:5]) + " ...", file=sys.stderr)
         subprocess.run(cmd, check=True)
         subprocess.run([exe] + (["quick"] if a.quick else []), check=True)
