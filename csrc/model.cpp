@@ -204,10 +204,15 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
       grow(sc, (size_t)len * group);
       const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      std::vector<const uint16_t*>& rows = rows_[ith];
-      rows.resize(len);
-      for (int j = 0; j < len; j++) rows[j] = kv.k(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
-      attention_scores_f16(q, group, hd, rows.data(), len, sc.data());
+      std::vector<const uint16_t*>&krows = krows_[ith], &vrows = vrows_[ith];
+      krows.resize(len);
+      vrows.resize(len);
+      for (int j = 0; j < len; j++) {
+        const int blk = tab[(lo + j) / bs], slot = (lo + j) % bs;
+        krows[j] = kv.k(il, blk, slot) + g * hd;
+        vrows[j] = kv.v(il, blk, slot) + g * hd;
+      }
+      attention_scores_f16(q, group, hd, krows.data(), len, sc.data(), vrows.data());
       for (size_t i = 0; i < (size_t)len * group; i++) sc[i] *= hp_.attn_scale;
       float inv[64];  // 1 / softmax denominator per head of the group
       for (int h = 0; h < group; h++) {
@@ -216,8 +221,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       }
       for (int h = 0; h < group; h++)
         for (int j = 0; j < len; j++) sc[(size_t)h * len + j] *= inv[h];
-      for (int j = 0; j < len; j++) rows[j] = kv.v(il, tab[(lo + j) / bs], (lo + j) % bs) + g * hd;
-      weighted_sum_f16(sc.data(), group, len, rows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
+      weighted_sum_f16(sc.data(), group, len, vrows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
     }
   };
   if (items <= 1) work(0, 1);
@@ -244,8 +248,9 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
       rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
     }
-    rope(q, hp_.n_head, b.pos[t], rp);
-    rope(k, hp_.n_head_kv, b.pos[t], rp);
+    const float* cs = &rope_cs_[((size_t)hp_.is_local(il) * T + t) * hp_.rope_dim];
+    rope(q, hp_.n_head, cs, rp);
+    rope(k, hp_.n_head_kv, cs, rp);
   }, INLINE_ROWS);
   attention(il, b, kv, pool);
   act_invalidate(act_);
@@ -289,8 +294,14 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
   grow(gate_, (size_t)T * hp_.n_ff);
   grow(up_, (size_t)T * hp_.n_ff);
   scores_.resize(pool.size());
-  rows_.resize(pool.size());
+  krows_.resize(pool.size());
+  vrows_.resize(pool.size());
 
+  grow(rope_cs_, (size_t)2 * T * hp_.rope_dim);
+  pool.parallel_for(T, [&](int64_t t) {
+    rope_angles(b.pos[t], rope_global_, &rope_cs_[(size_t)t * hp_.rope_dim]);
+    if (hp_.n_swa > 0) rope_angles(b.pos[t], rope_local_, &rope_cs_[(size_t)(T + t) * hp_.rope_dim]);
+  }, INLINE_ROWS);
   const float scale = spec_->embd_scale ? std::sqrt((float)E) : 1.0f;
   pool.parallel_for(T, [&](int64_t t) {
     float* x = &x_[t * E];

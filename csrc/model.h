@@ -109,8 +109,9 @@ class Model {
 
   // Work buffers, [T × width], reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, final_;
+  std::vector<float> rope_cs_;  // [global, local][T][rope_dim]: cos/sin of each token's position
   std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights
-  std::vector<std::vector<const uint16_t*>> rows_;  // per thread: [context] the K, then the V rows attended
+  std::vector<std::vector<const uint16_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended
   ActBuffer act_;
 };
 

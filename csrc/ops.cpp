@@ -8,17 +8,6 @@
 
 namespace pyserve {
 
-void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-  float scale = 1.0f / std::sqrt(ss / (float)n + eps);
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
-}
-
-void rmsnorm_heads(float* x, const float* w, int n_heads, int head_dim, float eps) {
-  for (int h = 0; h < n_heads; h++) rmsnorm(x + h * head_dim, w, x + h * head_dim, head_dim, eps);
-}
-
 float gelu_tanh(float x) {
   const float c = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
@@ -60,6 +49,33 @@ inline float hsum8(__m256 v) {
 #endif
 
 }  // namespace
+
+// Σ x[i]² in a fixed order: 8-lane partial sums (two accumulators) reduced across lanes, then the tail.
+static float sum_squares(const float* x, int64_t n) {
+  int64_t i = 0;
+  float ss = 0.f;
+#if PS_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+    a0 = _mm256_fmadd_ps(v0, v0, a0);
+    a1 = _mm256_fmadd_ps(v1, v1, a1);
+  }
+  ss = hsum8(_mm256_add_ps(a0, a1));
+#endif
+  for (; i < n; i++) ss = std::fma(x[i], x[i], ss);
+  return ss;
+}
+
+void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  const float ss = sum_squares(x, n);
+  float scale = 1.0f / std::sqrt(ss / (float)n + eps);
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+void rmsnorm_heads(float* x, const float* w, int n_heads, int head_dim, float eps) {
+  for (int h = 0; h < n_heads; h++) rmsnorm(x + h * head_dim, w, x + h * head_dim, head_dim, eps);
+}
 
 void gelu_mul(float* g, const float* u, int64_t n) {
   int64_t i = 0;
@@ -114,12 +130,19 @@ RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, float fr
   return p;
 }
 
-void rope(float* x, int n_heads, int pos, const RopeParams& p) {
+void rope_angles(int pos, const RopeParams& p, float* cs) {
+  for (int i = 0; i < p.rope_dim / 2; i++) {
+    const double theta = (double)pos * p.inv_freq[i];
+    cs[2 * i] = (float)std::cos(theta);
+    cs[2 * i + 1] = (float)std::sin(theta);
+  }
+}
+
+void rope(float* x, int n_heads, const float* cs, const RopeParams& p) {
   const int half = p.rope_dim / 2;
   for (int i = 0; i < half; i++) {
-    double theta = (double)pos * p.inv_freq[i];
-    float c = (float)std::cos(theta), s = (float)std::sin(theta);
-    int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
     for (int h = 0; h < n_heads; h++) {
       float* v = x + h * p.head_dim;
       float x0 = v[a], x1 = v[b];
@@ -185,13 +208,16 @@ void dot_heads_avx(const float* q, int hd, const uint16_t* const* k, float* s, i
 }
 
 template <int NH>
-void dot_heads_rows(const float* q, int hd, const uint16_t* const* k, int len, float* s) {
+void dot_heads_rows(const float* q, int hd, const uint16_t* const* k, int len, float* s, const uint16_t* const* next) {
   // Two rows at a time where 32 vector registers hold the 4·NH·2 accumulators.
   constexpr int NP = PS_AVX512BW ? 2 : 1, AHEAD = 16;  // rows prefetched ahead: the cache misses them
   int j = 0;
   for (; j + NP <= len; j += NP) {
     for (int p = j + AHEAD; p < std::min(len, j + AHEAD + NP); p++)
-      for (int b = 0; b < hd * 2; b += 64) _mm_prefetch((const char*)k[p] + b, _MM_HINT_T0);
+      for (int b = 0; b < hd * 2; b += 64) {
+        _mm_prefetch((const char*)k[p] + b, _MM_HINT_T0);
+        if (next) _mm_prefetch((const char*)next[p] + b, _MM_HINT_T1);
+      }
     dot_heads_avx<NH, NP>(q, hd, k + j, s + j, len);
   }
   for (; j < len; j++) dot_heads_avx<NH, 1>(q, hd, k + j, s + j, len);
@@ -255,16 +281,17 @@ void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v,
 #endif
 }
 
-void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s) {
+void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s,
+                          const uint16_t* const* next) {
 #if PS_AVX2
   for (int h0 = 0; h0 < nh; h0 += 4) {
     const float* qh = q + h0 * hd;
     float* sh = s + (size_t)h0 * len;
     switch (std::min(4, nh - h0)) {
-      case 4: dot_heads_rows<4>(qh, hd, k, len, sh); break;
-      case 3: dot_heads_rows<3>(qh, hd, k, len, sh); break;
-      case 2: dot_heads_rows<2>(qh, hd, k, len, sh); break;
-      default: dot_heads_rows<1>(qh, hd, k, len, sh); break;
+      case 4: dot_heads_rows<4>(qh, hd, k, len, sh, h0 == 0 ? next : nullptr); break;
+      case 3: dot_heads_rows<3>(qh, hd, k, len, sh, h0 == 0 ? next : nullptr); break;
+      case 2: dot_heads_rows<2>(qh, hd, k, len, sh, h0 == 0 ? next : nullptr); break;
+      default: dot_heads_rows<1>(qh, hd, k, len, sh, h0 == 0 ? next : nullptr); break;
     }
   }
 #else

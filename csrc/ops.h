@@ -47,8 +47,11 @@ struct RopeParams {
 };
 // inv_freq[i] = freq_scale * base^(-2i/rope_dim) / factors[i] (factors: llama3-style, may be null).
 RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, float freq_scale, const float* factors);
-// Rotates x[n_heads, head_dim] for position pos in place.
-void rope(float* x, int n_heads, int pos, const RopeParams& p);
+// The rotation of position pos: cs[2i] = cos, cs[2i + 1] = sin of pair i, for i < rope_dim / 2 (computed
+// once per token and step, shared by every layer).
+void rope_angles(int pos, const RopeParams& p, float* cs);
+// Rotates x[n_heads, head_dim] in place by the angles cs (from rope_angles).
+void rope(float* x, int n_heads, const float* cs, const RopeParams& p);
 
 // Scratch for the quantized activations of one matmul input, reused across calls.
 struct ActBuffer {
@@ -76,7 +79,9 @@ float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
 // Attention scores of the nh query heads that share K rows (GQA): s[h·len + j] = Σ_i q[h·hd + i] · k[j][i]
 // for h < nh, j < len, each K row loaded once for all heads. Every score is reduced in one fixed order
 // (independent of nh, len and of where j falls), so a token's scores do not depend on its batch.
-void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s);
+// next (or null): len rows of the same width (the V rows) brought into L2 meanwhile.
+void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s,
+                          const uint16_t* const* next = nullptr);
 // out[h·hd + i] = Σ_j w[h·len + j] · v[j][i] over j in order, for h < nh: attention's weighted sum of
 // the fp16 V rows, with the output held in registers across j (no read-modify-write per row).
 void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v, int hd, float* out);
