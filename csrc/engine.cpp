@@ -220,6 +220,7 @@ std::vector<StepOutput> Engine::step() {
   const int V = model_->hparams().n_vocab;
   const double t_step = monotonic_now();
   size_t row = 0;
+  std::vector<std::pair<Sequence*, const float*>> draws;  // (sample, its logits row), in output order
   for (const ScheduledSeq& s : sched.seqs) {
     Sequence* seq = s.seq;
     scheduler_->computed(seq, s.n_tokens);
@@ -227,15 +228,21 @@ std::vector<StepOutput> Engine::step() {
     const float* logits = logits_.data() + (row++) * V;
     // An n > 1 request's prompt is computed: every sample draws its first token from these logits.
     std::vector<Sequence*> drawers = seq->pending_samples.empty() ? std::vector<Sequence*>{seq} : fork(seq);
-    for (Sequence* d : drawers) {
-      SampleResult r = d->sampler->sample(logits);
-      d->tokens.push_back(r.token);
-      StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index, d->first_scheduled, t_step,
-                   std::max(0, d->n_cached)};
-      check_stop(d, o);
-      if (!o.finish_reason.empty()) finish(d);
-      out.push_back(std::move(o));
-    }
+    for (Sequence* d : drawers) draws.emplace_back(d, logits);
+  }
+  // Each sample owns its sampler (state, RNG): the draws are independent and run on the pool.
+  std::vector<SampleResult> results(draws.size());
+  pool_->parallel_for((int64_t)draws.size(), [&](int64_t i) { results[i] = draws[i].first->sampler->sample(draws[i].second); },
+                      INLINE_ROWS);
+  for (size_t i = 0; i < draws.size(); i++) {
+    Sequence* d = draws[i].first;
+    SampleResult& r = results[i];
+    d->tokens.push_back(r.token);
+    StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index, d->first_scheduled, t_step,
+                 std::max(0, d->n_cached)};
+    check_stop(d, o);
+    if (!o.finish_reason.empty()) finish(d);
+    out.push_back(std::move(o));
   }
   snapshot_stats();
   return out;
