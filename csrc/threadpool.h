@@ -16,7 +16,7 @@ namespace pyserve {
 
 // Engine threads run at this nice value: when the server's event loop has work it gets a core first, and
 // when it has none the engine loses nothing (Linux; elsewhere a no-op).
-constexpr int ENGINE_NICE = 5;
+constexpr int ENGINE_NICE = 10;
 // Applies ENGINE_NICE to the calling thread.
 void lower_thread_priority();
 
