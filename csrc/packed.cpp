@@ -165,31 +165,6 @@ inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); ret
 inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
 inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
 
-// acc + Σ of 4 consecutive u8·s8 products per int32 lane, exact. Without VNNI, maddubs's int16 pairs
-// cannot saturate because every u operand here is ≤ 128.
-inline __m256i dp4(__m256i acc, __m256i u, __m256i s) {
-#if PS_VNNI == 1
-  return _mm256_dpbusd_epi32(acc, u, s);
-#elif PS_VNNI == 2
-  return _mm256_dpbusd_avx_epi32(acc, u, s);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-}
-
-// acc + Σ of 2 int16·int16 products per int32 lane, exact.
-inline __m256i dp2(__m256i acc, __m256i a, __m256i b) {
-#if PS_VNNI == 1
-  return _mm256_dpwssd_epi32(acc, a, b);
-#elif PS_VNNI == 2
-  return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
-
-// Σ over 32 elements per row: 8 interleaved vectors against the activation bytes x[0..31], in two
-// chains (integer sums: the split changes no result).
 // dp4 against 4 activation bytes broadcast from memory. With AVX-512 VL the broadcast is folded into
 // the instruction's memory operand ({1to8}), which compilers do not do on their own: one instruction
 // instead of two per 32 multiply-adds.

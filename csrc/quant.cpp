@@ -421,28 +421,6 @@ static inline float hsum8(__m256 v) {
 
 static inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
-// Σ of 4 consecutive u8·s8 products per int32 lane.
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if PS_VNNI == 1
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif PS_VNNI == 2
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-// acc + pairwise int16 products summed into int32 lanes.
-static inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
-#if PS_VNNI == 1
-  return _mm256_dpwssd_epi32(acc, a, b);
-#elif PS_VNNI == 2
-  return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
-
 // 16 packed bytes → 32 values: low nibbles (elements 0..15), then high nibbles (16..31).
 static inline __m256i nibbles32(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128((const __m128i*)p);
@@ -486,7 +464,7 @@ static void k_sym(int64_t n, const void* vw, const uint8_t* act, size_t stride, 
     const __m256 dw = _mm256_set1_ps(h2f(w[i].d));
     for (int c = 0; c < NC; c++) {
       const block_q8_32& a = act32(act, stride, c)[i];
-      const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(ax, _mm256_sign_epi8(load256(a.qs), qx)));
+      const __m256 p = _mm256_cvtepi32_ps(dp4(_mm256_setzero_si256(), ax, _mm256_sign_epi8(load256(a.qs), qx)));
       acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), p, acc[c]);
     }
   }
@@ -506,7 +484,7 @@ static void k_asym(int64_t n, const void* vw, const uint8_t* act, size_t stride,
     const float m = h2f(w[i].m);
     for (int c = 0; c < NC; c++) {
       const block_q8_32& a = act32(act, stride, c)[i];
-      const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(qx, load256(a.qs)));
+      const __m256 p = _mm256_cvtepi32_ps(dp4(_mm256_setzero_si256(), qx, load256(a.qs)));
       acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), p, acc[c]);
       summ[c] = std::fma(m, a.d * (float)a.sum, summ[c]);
     }
@@ -591,7 +569,7 @@ static inline const block_q8_K* actK(const uint8_t* act, size_t stride, int c) {
 
 static inline __m256i k_sumi(const KBlock& k, const block_q8_K& a) {
   __m256i s = _mm256_setzero_si256();
-  for (int j = 0; j < 8; j++) s = madd_acc(s, _mm256_maddubs_epi16(k.q[j], load256(a.qs + 32 * j)), k.sc[j]);
+  for (int j = 0; j < 8; j++) s = dp2(s, _mm256_maddubs_epi16(k.q[j], load256(a.qs + 32 * j)), k.sc[j]);
   return s;
 }
 

@@ -24,6 +24,33 @@
 #define PS_AVX512BW 0
 #endif
 
+#if PS_AVX2
+namespace pyserve {
+// acc + Σ of 4 consecutive u8·s8 products per int32 lane. Exact when no int16 pair sum of maddubs
+// saturates (callers keep |u| ≤ 128 against |s| ≤ 127); VNNI computes it in one instruction.
+static inline __m256i dp4(__m256i acc, __m256i u, __m256i s) {
+#if PS_VNNI == 1
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif PS_VNNI == 2
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// acc + Σ of 2 int16·int16 products per int32 lane, exact.
+static inline __m256i dp2(__m256i acc, __m256i a, __m256i b) {
+#if PS_VNNI == 1
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif PS_VNNI == 2
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+}  // namespace pyserve
+#endif
+
 #if PS_AVX2 && !PS_AVX512BW
 #include <cstdint>
 namespace pyserve {
