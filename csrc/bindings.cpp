@@ -15,6 +15,7 @@
 #include "packed.h"
 #include "quant.h"
 #include "sampler.h"
+#include "simd.h"
 
 namespace py = pybind11;
 using namespace pyserve;
@@ -136,6 +137,10 @@ void bind_quant(py::module_& m) {
   m.def("matmul", &py_matmul, py::arg("type"), py::arg("w_rows"), py::arg("x"), py::arg("threads") = 1,
         py::arg("pack") = true);
   m.def("packable", [](uint32_t type) { return packable((GGMLType)type); });
+  m.def("simd", [] {  // the x86 paths this build compiled in (simd.h)
+    return py::dict(py::arg("avx2") = (bool)PS_AVX2, py::arg("avx512bw") = (bool)PS_AVX512BW,
+                    py::arg("vnni") = (int)PS_VNNI);
+  });
   m.def("act_roundtrip", &py_act_roundtrip, py::arg("type"), py::arg("x"));
   m.def("type_info", [](uint32_t type) {
     const TypeTraits& tt = traits_or_throw(type);

@@ -21,7 +21,7 @@ LOG="$BUILD/sanitize.log"
 
 DEFAULT_TESTS=(tests/test_gguf.py tests/test_gguf_fuzz.py tests/test_quant.py tests/test_sampler.py
                tests/test_block_manager.py tests/test_scheduler.py tests/test_engine.py tests/test_prefix_cache.py
-               tests/test_n_samples.py tests/test_arch_logits.py)
+               tests/test_n_samples.py tests/test_arch_logits.py tests/test_packed.py)
 if [ "$#" -gt 0 ]; then TESTS=("$@"); else TESTS=("${DEFAULT_TESTS[@]}"); fi
 
 mkdir -p "$BUILD/py"

@@ -1,7 +1,9 @@
-"""Packed matmul kernels (csrc/packed.cpp): Q4_0 / Q5_0 / Q8_0 rows interleaved 8 at a time.
+"""Packed matmul kernels (csrc/packed.cpp): Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K rows interleaved 8 at a
+time.
 
 Their contract is stronger than the SIMD tolerance of test_quant: every output element is the chain
-Σ_blocks fma(d_w·d_a, exact block sum, acc) in block order, which is what vec_dot_ref computes, so the
+Σ_blocks fma(d_w·d_a, exact block sum, acc) in block order (K-quants: then fma(−dmin·d_a, Σ mins, acc)),
+which is what vec_dot_ref computes, so the
 packed product must equal the scalar reference bit for bit — for any number of columns (batch
 invariance), any row count (rows past the last group of 8 go through the reference itself) and threads.
 """
@@ -20,8 +22,22 @@ def reference(t, rows, x):
 
 
 @pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
-def test_this_build_packs_the_symmetric_legacy_types(t):
-    assert _engine.packable(int(t))
+def test_a_build_with_the_avx2_kernels_packs_these_types(t):
+    """Packed layouts exist for the AVX2 kernels; a portable (scalar) build keeps the file's rows."""
+    assert _engine.packable(int(t)) == _engine.simd()["avx2"]
+
+
+def test_a_native_build_here_has_the_avx2_kernels():
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if {"avx2", "fma", "f16c"} <= flags:
+        assert _engine.simd()["avx2"]
+    if {"avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        assert _engine.simd()["avx512bw"] and _engine.simd()["vnni"] == 1
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.BF16, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
