@@ -204,7 +204,8 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
       grow(sc, (size_t)len * group);
       const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      std::vector<const uint16_t*>&krows = krows_[ith], &vrows = vrows_[ith];
+      std::vector<const uint16_t*>& krows = krows_[ith];
+      std::vector<const uint16_t*>& vrows = vrows_[ith];
       krows.resize(len);
       vrows.resize(len);
       for (int j = 0; j < len; j++) {

@@ -51,8 +51,8 @@ static_assert(sizeof(pblock_q8_0) == 272 && sizeof(pblock_q4_0) == 144 && sizeof
 
 // ---- packing (scalar, once at load). c: codes of row r at c + r · cs.
 
-void interleave_bytes(const uint8_t* c, size_t cs, int n, uint8_t* out) {
-  for (int k = 0; k < n / 4; k++)
+void interleave_bytes(const uint8_t* c, size_t cs, uint8_t* out) {  // 32 codes per row
+  for (int k = 0; k < 8; k++)
     for (int r = 0; r < 8; r++) std::memcpy(out + 32 * k + 4 * r, c + r * cs + 4 * k, 4);
 }
 
@@ -75,20 +75,13 @@ void interleave_nibbles(const uint8_t* c, size_t cs, uint8_t* q, uint32_t* qh4, 
       }
 }
 
-// The 32 codes of one legacy block (Q8_0 signed values; Q4_0 / Q5_0 unsigned codes) and its scale bits.
+// The 32 codes of one legacy block as stored packed (Q8_0: the signed values; Q4_0 / Q5_0: value + 8 / + 16)
+// and its scale bits.
 void legacy_codes(GGMLType t, const uint8_t* b, uint8_t c[32], uint16_t* d) {
-  std::memcpy(d, b, 2);
-  if (t == GGMLType::Q8_0) {
-    std::memcpy(c, b + 2, 32);
-    return;
-  }
-  const uint8_t* qs = b + (t == GGMLType::Q5_0 ? 6 : 2);
-  uint32_t qh = 0;
-  if (t == GGMLType::Q5_0) std::memcpy(&qh, b + 2, 4);
-  for (int j = 0; j < 16; j++) {
-    c[j] = (uint8_t)((qs[j] & 0x0F) | ((qh >> j) & 1) << 4);
-    c[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
-  }
+  int q[QK];
+  legacy_block_codes(t, b, q, d);
+  const int offset = t == GGMLType::Q4_0 ? 8 : t == GGMLType::Q5_0 ? 16 : 0;
+  for (int j = 0; j < QK; j++) c[j] = (uint8_t)(q[j] + offset);
 }
 
 // One packed block from the 8 source blocks src[r] (row r's block i).
@@ -99,7 +92,7 @@ void pack_legacy(GGMLType t, const uint8_t* const src[8], uint8_t* out) {
   if (t == GGMLType::Q8_0) {
     auto& p = *(pblock_q8_0*)out;
     std::memcpy(p.d, d, 16);
-    interleave_bytes(&codes[0][0], 32, 32, (uint8_t*)p.q);
+    interleave_bytes(&codes[0][0], 32, (uint8_t*)p.q);
   } else if (t == GGMLType::Q5_0) {
     auto& p = *(pblock_q5_0*)out;
     std::memcpy(p.d, d, 16);

@@ -345,6 +345,16 @@ static void codes_q8_0(const block_q8_0& b, int* q) {
   for (int j = 0; j < QK; j++) q[j] = b.qs[j];
 }
 
+void legacy_block_codes(GGMLType t, const void* block, int q[QK], uint16_t* d) {
+  switch (t) {
+    case GGMLType::Q4_0: codes_q4_0(*(const block_q4_0*)block, q); break;
+    case GGMLType::Q5_0: codes_q5_0(*(const block_q5_0*)block, q); break;
+    case GGMLType::Q8_0: codes_q8_0(*(const block_q8_0*)block, q); break;
+    default: throw std::invalid_argument("legacy_block_codes: not Q4_0, Q5_0 or Q8_0");
+  }
+  std::memcpy(d, block, 2);  // d leads all three layouts
+}
+
 template <class B> static inline float min_term(const B&, const block_q8_32&) { return 0.0f; }
 template <> inline float min_term(const block_q4_1& b, const block_q8_32& a) { return h2f(b.m) * (a.d * (float)a.sum); }
 template <> inline float min_term(const block_q5_1& b, const block_q8_32& a) { return h2f(b.m) * (a.d * (float)a.sum); }

@@ -67,6 +67,10 @@ void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n);
 // Quantize an activation row of n floats into format f (F32 copies). Round to nearest, d = amax / 127.
 void quantize_act_row(ActFormat f, const float* x, void* dst, int64_t n);
 
+// The signed values of one Q4_0 / Q5_0 / Q8_0 block (−8..7, −16..15, −128..127) and its fp16 scale bits,
+// for re-laying it (packed.h). Throws std::invalid_argument for another type.
+void legacy_block_codes(GGMLType t, const void* block, int q[QK], uint16_t* d);
+
 // The integer content of one K-quant super-block, for re-laying it (packed.h): codes in element order
 // (Q4_K: 0..15, Q5_K: 0..31, Q6_K: 0..63 = value + 32), sub-block scales (Q4_K / Q5_K: 8 of 0..63; Q6_K: 16
 // signed) and mins (Q4_K / Q5_K: 8 of 0..63), fp16 d and dmin bits. Throws std::invalid_argument for
