@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import statistics
 import time
 
@@ -14,7 +13,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_server import Server
+from test_server import Server, raw_completion
 
 MODEL = "gemma-3-270m-q4_k_m"
 M = {"model_name": MODEL}
@@ -178,14 +177,7 @@ def test_names_types_and_counts(server):
 def test_aborted_stream(server):
     u = server.url
     before = scrape(u)
-    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 2000, "ignore_eos": True,
-                       "stream": True}).encode()
-    s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-              + str(len(body)).encode() + b"\r\n\r\n" + body)
-    got = b""
-    while got.count(b"data: {") < 4:
-        got += s.recv(65536)
+    s = raw_completion(server, 2000, stream=True, events=4)
     s.close()
     after = wait_for(u, "pyserve:request_aborted_total", val(before, "pyserve:request_aborted_total", **M) + 1, **M)
     assert delta(after, before, "pyserve:request_aborted_total", **M) == 1
@@ -300,10 +292,7 @@ def test_aborted_non_streamed(server):
     """A client that hangs up while a non-streamed completion is being generated: aborted, not a success."""
     u = server.url
     before = scrape(u)
-    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 2000, "ignore_eos": True}).encode()
-    s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    s = raw_completion(server, 2000, stream=False)
     t0 = time.monotonic()
     while val(scrape(u), "pyserve:kv_blocks_used", **M) == 0:  # generating
         assert time.monotonic() - t0 < 10

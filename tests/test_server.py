@@ -94,6 +94,20 @@ def stats(server) -> dict:
     return out
 
 
+def raw_completion(server, max_tokens: int, stream: bool, events: int = 0) -> socket.socket:
+    """A long completion POSTed over a bare socket, so that the test can hang up whenever it likes; returns
+    once `events` SSE data events have arrived."""
+    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": stream}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: {") < events:
+        got += s.recv(65536)
+    return s
+
+
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
@@ -346,14 +360,7 @@ def test_drop_streams_frees_blocks(server, client):
 
 
 def test_disconnect_aborts_quickly(server):
-    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": True,
-                       "stream": True}).encode()
-    s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
-              + str(len(body)).encode() + b"\r\n\r\n" + body)
-    got = b""
-    while got.count(b"data: {") < 4:
-        got += s.recv(65536)
+    s = raw_completion(server, 4000, stream=True, events=4)
     assert stats(server)["kv_blocks_used"] > 0
     s.close()
     t0 = time.monotonic()
