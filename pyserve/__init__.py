@@ -1,6 +1,12 @@
-"""pyserve: a local LLM server with a C++ GGUF engine and an OpenAI-compatible API."""
-from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+"""pyserve: a local LLM server with a C++ GGUF engine and an OpenAI-compatible API.
+
+Layers, bottom to top (a module imports only from its own layer or those below it):
+`engine` (LLM, AsyncLLM, tokenizer, sampling) → `openai` (protocol, serving, chat templates, SSE) →
+`server` (the app, its routes and edge, metrics, the Hypercorn runner) → `cli`. `bench` is a client of
+any OpenAI-compatible server and imports none of them.
+"""
+from .engine.outputs import CompletionOutput, RequestOutput
+from .engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "create_app"]
 
@@ -8,15 +14,15 @@ __all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutp
 def __getattr__(name: str):
     # The engine (a compiled extension) loads on first use, so `import pyserve` stays cheap.
     if name == "LLM":
-        from .llm import LLM
+        from .engine.llm import LLM
 
         return LLM
     if name == "AsyncLLM":
-        from .engine_client import AsyncLLM
+        from .engine.async_llm import AsyncLLM
 
         return AsyncLLM
     if name == "create_app":  # the ASGI app around an open AsyncLLM (Quart-Trio: serve it on a trio server)
-        from .app import create_app
+        from .server.app import create_app
 
         return create_app
     raise AttributeError(name)

@@ -23,8 +23,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .llm import LLM
-    from .sampling_params import SamplingParams
+    from .engine.llm import LLM
+    from .engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, n_threads=args.threads, n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
               kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
@@ -49,7 +49,7 @@ def _bytes(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import ServeOptions, run
+    from .server.runner import ServeOptions, run
 
     return run(ServeOptions(model=args.model, host=args.host, port=args.port,
                             served_model_name=args.served_model_name, chat_template=args.chat_template,

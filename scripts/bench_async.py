@@ -22,8 +22,8 @@ import time
 import trio
 
 from pyserve import LLM, SamplingParams
-from pyserve import output_processor
-from pyserve.engine_client import AsyncLLM
+from pyserve.engine import output_processor
+from pyserve.engine.async_llm import AsyncLLM
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus",
            "Water boils at", "My favourite recipe for soup", "1, 2, 3, 4,", "The quick brown fox"]

@@ -170,7 +170,7 @@ def main() -> None:
                     help="aggregate decode tokens/s at 1, 4, 16, 64 requests (256-token prompts, 128 out) and the "
                          "prefix-cache TTFT ratio")
     args = ap.parse_args()
-    from pyserve.model_source import resolve_model
+    from pyserve.engine.model_source import resolve_model
 
     path = resolve_model(args.model)
     ours, ref = {}, {}

@@ -14,7 +14,7 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from pyserve.model_source import resolve_model
+    from pyserve.engine.model_source import resolve_model
 
     return resolve_model(None)
 

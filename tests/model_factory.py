@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pyserve.tokenizer import bytes_to_unicode
+from pyserve.engine.tokenizer import bytes_to_unicode
 
 import gguf
 from gguf import GGMLQuantizationType as QT

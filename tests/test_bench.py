@@ -139,7 +139,7 @@ def server_url():
 
     port = _free_port()
     if SERVER == "llama-cpp":
-        from pyserve.model_source import resolve_model
+        from pyserve.engine.model_source import resolve_model
 
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", resolve_model(None), "--host", "127.0.0.1",
                "--port", str(port), "--n_threads", "1", "--n_ctx", "2048", "--interrupt_requests", "False"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pyserve import chat_template as ct
-from pyserve.chat_template import ChatTemplate, ChatTemplateError, builtin_gemma_template
+from pyserve.openai import chat_template as ct
+from pyserve.openai.chat_template import ChatTemplate, ChatTemplateError, builtin_gemma_template
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / ".." / "shared" / "fixtures" / "chat_templates" / "cases.jsonl"

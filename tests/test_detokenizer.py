@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gguf_vocab import load_gguf_metadata
-from pyserve.detokenizer import IncrementalDetokenizer
-from pyserve.tokenizer import Tokenizer
+from pyserve.engine.detokenizer import IncrementalDetokenizer
+from pyserve.engine.tokenizer import Tokenizer
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SEP = "\n__ggml_vocab_test__\n"

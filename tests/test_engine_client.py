@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from pyserve import SamplingParams
-from pyserve.engine_client import AsyncLLM
+from pyserve.engine.async_llm import AsyncLLM
 
 from prompts import PROMPTS
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
@@ -308,8 +308,8 @@ async def test_exception_in_body_closes_cleanly(llm):
 
 
 async def test_request_stream_merges_undelivered_deltas():
-    from pyserve.engine_client import RequestStream
-    from pyserve.output_processor import Delta
+    from pyserve.engine.async_llm import RequestStream
+    from pyserve.engine.output_processor import Delta
 
     s = RequestStream("r", state=None)
     s.push(Delta("a", [1], [{1: -0.1}]))

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import trio
 
-from pyserve.admission import AdmissionQueue, RateLimiter, TokenBucket
-from pyserve.auth import AccessConfig, load_keys, match_key
-from pyserve.protocol import OpenAIError, check_vocab, parse_chat, parse_completion, parse_json
+from pyserve.server.admission import AdmissionQueue, RateLimiter, TokenBucket
+from pyserve.server.auth import AccessConfig, load_keys, match_key
+from pyserve.openai.protocol import OpenAIError, check_vocab, parse_chat, parse_completion, parse_json
 from test_server import CHAT, MODEL, Server
 
 # ---- validation (unit) ----

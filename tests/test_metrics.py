@@ -62,7 +62,7 @@ def wait_for(url: str, name: str, target: float, timeout: float = 10, **labels) 
 
 
 def test_per_app_registries():
-    from pyserve.app import create_app
+    from pyserve.server.app import create_app
 
     a, b = create_app(), create_app()  # a shared registry would raise "Duplicated timeseries" here
     assert a.pyserve.metrics.registry is not b.pyserve.metrics.registry

@@ -10,7 +10,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 import pyserve
-from pyserve.engine_client import AsyncLLM
+from pyserve.engine.async_llm import AsyncLLM
 
 
 async def test_create_app_in_process():

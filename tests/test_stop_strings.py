@@ -1,5 +1,5 @@
 """Stop strings on text pieces: never emit what a match would retract; flush when no match comes."""
-from pyserve.stop_strings import StopStrings
+from pyserve.engine.stop_strings import StopStrings
 
 
 def feed_all(stops, pieces):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gguf_vocab import load_gguf_metadata
-from pyserve.tokenizer import Tokenizer
+from pyserve.engine.tokenizer import Tokenizer
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 VOCAB_DIR = SHARED / "vocab"
@@ -227,7 +227,7 @@ def test_unknown_model():
 def test_unknown_pre_falls_back_to_gpt2(caplog):
     meta = dict(vocab_meta("gpt-2"))
     meta["tokenizer.ggml.pre"] = "no-such-pre"
-    with caplog.at_level(logging.WARNING, logger="pyserve.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="pyserve.engine.tokenizer"):
         tok = Tokenizer.from_gguf_metadata(meta)
     assert "no-such-pre" in caplog.text
     for text, expected in read_vectors("gpt-2"):

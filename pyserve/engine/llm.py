@@ -6,7 +6,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _engine
+from .. import _engine
 from .model_source import resolve_model
 from .output_processor import RequestState
 from .outputs import CompletionOutput, RequestOutput

@@ -57,7 +57,7 @@ class ServeOptions:
 
 
 async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int:
-    from .engine_client import AsyncLLM
+    from ..engine.async_llm import AsyncLLM
 
     template = None
     if opts.chat_template:

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from .protocol import OpenAIError
+from ..openai.protocol import OpenAIError
 
 log = logging.getLogger("pyserve.server")
 

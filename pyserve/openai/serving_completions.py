@@ -7,7 +7,7 @@ from typing import AsyncIterator, Callable, Optional
 
 from quart import Response
 
-from .metrics import current_timer
+from ..server.metrics import current_timer
 from .protocol import SEED_MASK, GenRequest, OpenAIError, bad_request, new_id, now, server_error, usage
 from .sse import DONE, HEADERS, SHUTDOWN, STALLED, Job, StallWatch, choice_outputs, dumps, event
 

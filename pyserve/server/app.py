@@ -16,15 +16,15 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from .chat_template import builtin_gemma_template
+from ..openai.chat_template import builtin_gemma_template
 from .admission import AdmissionQueue, RateLimiter
 from .auth import AccessConfig, auth_error, bearer_token, cors_headers, match_key, origin_allowed
 from .metrics import CONTENT_TYPE, Metrics, instrument
-from .openapi import openapi_document
-from .protocol import (OpenAIError, bad_request, check_vocab, parse_chat, parse_completion, parse_json,
+from ..openai.openapi import openapi_document
+from ..openai.protocol import (OpenAIError, bad_request, check_vocab, parse_chat, parse_completion, parse_json,
                        parse_template_request, server_error)
-from .serving_chat import ChatServing
-from .serving_completions import CompletionServing, error_response, json_response
+from ..openai.serving_chat import ChatServing
+from ..openai.serving_completions import CompletionServing, error_response, json_response
 
 log = logging.getLogger("pyserve.server")
 

@@ -24,7 +24,7 @@ from typing import AsyncIterator, Optional, Union
 
 import trio
 
-from . import _engine
+from .. import _engine
 from .output_processor import Delta, RequestState
 from .sampling_params import SamplingParams
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .protocol import OpenAIError
+from ..openai.protocol import OpenAIError
 
 
 def rate_limited(message: str, retry_after: float, code: str = "rate_limit_exceeded") -> OpenAIError:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from .sampling_params import MAX_LOGPROBS, SamplingParams
+from ..engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 log = logging.getLogger("pyserve.server")
 
