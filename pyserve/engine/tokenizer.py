@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex
@@ -217,25 +217,20 @@ class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build with :meth:`from_gguf_metadata`."""
 
     def __init__(self, *, hf: _HFTokenizer, model: str, pre: str | None, tokens: list[str], attrs: list[int],
-                 piece_bytes: list[bytes], bos_id: int | None, eos_id: int | None, eos_ids: tuple[int, ...],
-                 unk_id: int | None, pad_id: int | None, add_bos: bool, add_eos: bool, add_space_prefix: bool,
-                 build_seconds: float = 0.0) -> None:
+                 piece_bytes: list[bytes], specials: _Specials, eos_ids: tuple[int, ...]) -> None:
         self._hf = hf
         self.model = model
         self.pre = pre
         self._tokens = tokens
         self._attrs = attrs
         self._piece_bytes = piece_bytes
-        self.bos_id = bos_id
-        self.eos_id = eos_id
+        self.bos_id = specials.bos_id
+        self.eos_id = specials.eos_id
         self.eos_ids = eos_ids
-        self.unk_id = unk_id
-        self.pad_id = pad_id
-        self.add_bos = add_bos
-        self.add_eos = add_eos
-        self.add_space_prefix = add_space_prefix
+        self.add_bos = specials.add_bos
+        self.add_eos = specials.add_eos
+        self.add_space_prefix = specials.add_space_prefix
         self.vocab_size = len(tokens)
-        self.build_seconds = build_seconds
         self._lock = threading.Lock()
         self._encode_special = True  # state of hf.encode_special_tokens (True = specials NOT parsed)
         hf.encode_special_tokens = True
@@ -244,125 +239,26 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
-        t0 = time.perf_counter()
+        """The tokenizer of a GGUF's ``tokenizer.ggml.*`` metadata, read as llama.cpp's vocab loader does."""
         model = _get(meta, "tokenizer.ggml.model")
         if model not in SUPPORTED_MODELS:
             raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: {', '.join(SUPPORTED_MODELS)}")
-        tokens = list(_get(meta, "tokenizer.ggml.tokens", []))
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
-        if isinstance(tokens[0], (bytes, bytearray)):
-            tokens = [bytes(t).decode("utf-8", errors="replace") for t in tokens]
-        types = [int(t) for t in _get(meta, "tokenizer.ggml.token_type", [])] or [TT_NORMAL] * n
-        if len(types) < n:
-            raise ValueError("tokenizer.ggml.token_type is shorter than tokenizer.ggml.tokens")
-        for i, t in enumerate(tokens):
-            if not t:  # llama.cpp renames empty tokens
-                tokens[i] = f"[EMPTY_{i}]"
-        token_to_id = {t: i for i, t in enumerate(tokens)}
-        if len(token_to_id) != n:
-            raise ValueError("duplicate token texts in tokenizer.ggml.tokens")
-        attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types[:n]]
-
+        tokens, types, token_to_id = _read_tokens(meta)
         pre = _get(meta, "tokenizer.ggml.pre")
-        # defaults, as llama.cpp's vocab loader
+        specials = _read_specials(meta, model, pre, len(tokens))
+        eos_ids = _eog_ids(specials, types, token_to_id)
+        attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types]
+        _force_control(attrs, token_to_id, (specials.eot_id, specials.eom_id))
         if model == "llama":
-            bos, eos, unk = 1, 2, 0
-            add_bos, add_eos, add_space_prefix = True, False, True
-        else:
-            bos, eos, unk = 11, 11, None
-            add_eos, add_space_prefix = False, False
-            fam = _PRE_TABLE.get(pre) if pre else None
-            add_bos = fam[2] if fam else False
-
-        def special_id(key: str, default: int | None) -> int | None:
-            v = meta.get(key)
-            if v is None:
-                return default if default is not None and 0 <= default < n else None
-            v = int(v)
-            if not 0 <= v < n:
-                logger.warning("bad special token %s = %d (vocab size %d)", key, v, n)
-                return default if default is not None and 0 <= default < n else None
-            return v
-
-        bos_id = special_id("tokenizer.ggml.bos_token_id", bos)
-        eos_id = special_id("tokenizer.ggml.eos_token_id", eos)
-        unk_id = special_id("tokenizer.ggml.unknown_token_id", unk)
-        pad_id = special_id("tokenizer.ggml.padding_token_id", None)
-        eot_id = special_id("tokenizer.ggml.eot_token_id", None)
-        eom_id = special_id("tokenizer.ggml.eom_token_id", None)
-        if meta.get("tokenizer.ggml.add_bos_token") is not None:
-            add_bos = bool(meta["tokenizer.ggml.add_bos_token"])
-        if meta.get("tokenizer.ggml.add_eos_token") is not None:
-            add_eos = bool(meta["tokenizer.ggml.add_eos_token"])
-        if model == "llama" and meta.get("tokenizer.ggml.add_space_prefix") is not None:
-            add_space_prefix = bool(meta["tokenizer.ggml.add_space_prefix"])
-        if add_bos and bos_id is None:
-            raise ValueError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
-        if add_eos and eos_id is None:
-            raise ValueError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
-
-        # end-of-generation tokens: eos, eot/eom from metadata, and well-known end-of-turn texts
-        # that the vocabulary marks as control tokens
-        eog: list[int] = []
-        for i in (eos_id, eot_id, eom_id):
-            if i is not None and i not in eog:
-                eog.append(i)
-        for text in _EOG_TEXTS:
-            i = token_to_id.get(text)
-            if i is not None and types[i] == TT_CONTROL and i not in eog:
-                eog.append(i)
-        eos_ids = tuple(eog[:1] + sorted(eog[1:]))
-
-        # llama.cpp forces the control attribute on end-of-turn-looking tokens (so that they are
-        # only parsed with parse_special), even where the file calls them user-defined
-        for text in set(_EOT_TEXTS) | set(_EOG_TEXTS) | {"<|eom_id|>"}:
-            i = token_to_id.get(text)
-            if i is not None:
-                attrs[i] |= _A_CONTROL
-        for i in (eot_id, eom_id):
-            if i is not None:
-                attrs[i] |= _A_CONTROL
-
-        # per-token strip flags for special-token matching (llama.cpp sets these for phi-3 only)
-        name = str(_get(meta, "general.name", "")).lower()
-        rstrip_ids: set[int] = set()
-        if "phi-3" in name or "phi3" in name:
-            rstrip_ids = {i for i, a in enumerate(attrs) if a & (_A_CONTROL | _A_USER_DEFINED | _A_UNKNOWN)}
-            for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
-                i = token_to_id.get(text)
-                if i is not None:
-                    (rstrip_ids.add if on else rstrip_ids.discard)(i)
-
-        if model == "llama":
-            hf = _build_spm(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, unk_id,
-                            add_space_prefix)
+            hf = _build_spm(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, specials.unk_id,
+                            specials.add_space_prefix)
             piece_bytes = _piece_bytes(tokens, attrs, _spm_normal_bytes)
         else:
             hf = _build_bpe(tokens, token_to_id, _get(meta, "tokenizer.ggml.merges", []), pre)
             piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes)
-
-        # special / user-defined tokens, matched on the raw text
-        # (tokens added with add_special_tokens are the ones `encode_special_tokens` leaves unparsed)
-        special_added, user_added = [], []
-        for i, a in enumerate(attrs):
-            if a & (_A_CONTROL | _A_UNKNOWN):
-                special_added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=i in rstrip_ids,
-                                                normalized=False, special=True))
-            elif a & _A_USER_DEFINED:
-                user_added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=i in rstrip_ids,
-                                             normalized=False, special=False))
-        if special_added:
-            hf.add_special_tokens(special_added)
-        if user_added:
-            hf.add_tokens(user_added)
-
-        tok = cls(hf=hf, model=model, pre=pre, tokens=tokens, attrs=attrs, piece_bytes=piece_bytes,
-                  bos_id=bos_id, eos_id=eos_id, eos_ids=eos_ids, unk_id=unk_id, pad_id=pad_id,
-                  add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix)
-        tok.build_seconds = time.perf_counter() - t0
-        return tok
+        _add_special_tokens(hf, tokens, attrs, _rstrip_ids(meta, attrs, token_to_id))
+        return cls(hf=hf, model=model, pre=pre, tokens=tokens, attrs=attrs, piece_bytes=piece_bytes,
+                   specials=specials, eos_ids=eos_ids)
 
     # ------------------------------------------------------------------------------ encode
 
@@ -449,6 +345,125 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
                 f"bos_id={self.bos_id}, eos_ids={self.eos_ids}, add_bos={self.add_bos})")
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the GGUF vocabulary (as llama.cpp's llama_vocab::load)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Specials:
+    """Special token ids (None: the vocabulary has none) and the add-BOS/EOS/space-prefix flags."""
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    eot_id: int | None
+    eom_id: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+
+
+def _read_tokens(meta: Mapping[str, Any]) -> tuple[list[str], list[int], dict[str, int]]:
+    """(token texts, token types, text -> id), validated; empty texts renamed as llama.cpp does."""
+    tokens = list(_get(meta, "tokenizer.ggml.tokens", []))
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+    if isinstance(tokens[0], (bytes, bytearray)):
+        tokens = [bytes(t).decode("utf-8", errors="replace") for t in tokens]
+    types = [int(t) for t in _get(meta, "tokenizer.ggml.token_type", [])] or [TT_NORMAL] * n
+    if len(types) < n:
+        raise ValueError("tokenizer.ggml.token_type is shorter than tokenizer.ggml.tokens")
+    for i, t in enumerate(tokens):
+        if not t:
+            tokens[i] = f"[EMPTY_{i}]"
+    token_to_id = {t: i for i, t in enumerate(tokens)}
+    if len(token_to_id) != n:
+        raise ValueError("duplicate token texts in tokenizer.ggml.tokens")
+    return tokens, types[:n], token_to_id
+
+
+def _special_id(meta: Mapping[str, Any], key: str, default: int | None, n: int) -> int | None:
+    """The id under ``key``; the default where it is absent or out of [0, n) (None if that is too)."""
+    fallback = default if default is not None and 0 <= default < n else None
+    v = meta.get(key)
+    if v is None:
+        return fallback
+    v = int(v)
+    if not 0 <= v < n:
+        logger.warning("bad special token %s = %d (vocab size %d)", key, v, n)
+        return fallback
+    return v
+
+
+def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = meta.get(key)
+    return default if v is None else bool(v)
+
+
+def _read_specials(meta: Mapping[str, Any], model: str, pre: str | None, n: int) -> _Specials:
+    """Special ids and flags, with llama.cpp's per-model defaults where the metadata is silent."""
+    if model == "llama":
+        bos, eos, unk, add_bos = 1, 2, 0, True
+    else:
+        fam = _PRE_TABLE.get(pre) if pre else None
+        bos, eos, unk, add_bos = 11, 11, None, fam[2] if fam else False
+    sp = _Specials(
+        bos_id=_special_id(meta, "tokenizer.ggml.bos_token_id", bos, n),
+        eos_id=_special_id(meta, "tokenizer.ggml.eos_token_id", eos, n),
+        unk_id=_special_id(meta, "tokenizer.ggml.unknown_token_id", unk, n),
+        eot_id=_special_id(meta, "tokenizer.ggml.eot_token_id", None, n),
+        eom_id=_special_id(meta, "tokenizer.ggml.eom_token_id", None, n),
+        add_bos=_flag(meta, "tokenizer.ggml.add_bos_token", add_bos),
+        add_eos=_flag(meta, "tokenizer.ggml.add_eos_token", False),
+        # only SentencePiece vocabularies have a space prefix
+        add_space_prefix=model == "llama" and _flag(meta, "tokenizer.ggml.add_space_prefix", True))
+    if sp.add_bos and sp.bos_id is None:
+        raise ValueError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
+    if sp.add_eos and sp.eos_id is None:
+        raise ValueError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
+    return sp
+
+
+def _eog_ids(sp: _Specials, types: list[int], token_to_id: Mapping[str, int]) -> tuple[int, ...]:
+    """End-of-generation ids: eos, eot/eom from the metadata, and the well-known end-of-turn texts
+    that the vocabulary marks as control tokens; the first one found leads, the rest by id."""
+    eog: list[int] = []
+    for i in (sp.eos_id, sp.eot_id, sp.eom_id):
+        if i is not None and i not in eog:
+            eog.append(i)
+    for text in _EOG_TEXTS:
+        i = token_to_id.get(text)
+        if i is not None and types[i] == TT_CONTROL and i not in eog:
+            eog.append(i)
+    return tuple(eog[:1] + sorted(eog[1:]))
+
+
+def _force_control(attrs: list[int], token_to_id: Mapping[str, int], extra_ids: Iterable[int | None]) -> None:
+    """Sets the control attribute on end-of-turn-looking tokens and on ``extra_ids`` (eot/eom), in place:
+    llama.cpp does, so that they are only parsed with parse_special, even where the file calls them
+    user-defined."""
+    for text in set(_EOT_TEXTS) | set(_EOG_TEXTS) | {"<|eom_id|>"}:
+        i = token_to_id.get(text)
+        if i is not None:
+            attrs[i] |= _A_CONTROL
+    for i in extra_ids:
+        if i is not None:
+            attrs[i] |= _A_CONTROL
+
+
+def _rstrip_ids(meta: Mapping[str, Any], attrs: list[int], token_to_id: Mapping[str, int]) -> set[int]:
+    """Special tokens that swallow the spaces after them when matched (llama.cpp sets this for phi-3 only)."""
+    name = str(_get(meta, "general.name", "")).lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return set()
+    ids = {i for i, a in enumerate(attrs) if a & (_A_CONTROL | _A_USER_DEFINED | _A_UNKNOWN)}
+    for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+        i = token_to_id.get(text)
+        if i is not None:
+            (ids.add if on else ids.discard)(i)
+    return ids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,3 +564,20 @@ def _build_bpe(tokens: list[str], token_to_id: dict[str, int], merges_raw: Seque
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
     return hf
+
+
+def _add_special_tokens(hf: _HFTokenizer, tokens: list[str], attrs: list[int], rstrip_ids: set[int]) -> None:
+    """Control / unknown tokens as special tokens (``encode_special_tokens`` leaves those unparsed),
+    user-defined ones as plain added tokens (always parsed); both matched on the raw text."""
+    special_added, user_added = [], []
+    for i, a in enumerate(attrs):
+        if a & (_A_CONTROL | _A_UNKNOWN):
+            special_added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=i in rstrip_ids,
+                                            normalized=False, special=True))
+        elif a & _A_USER_DEFINED:
+            user_added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=i in rstrip_ids,
+                                         normalized=False, special=False))
+    if special_added:
+        hf.add_special_tokens(special_added)
+    if user_added:
+        hf.add_tokens(user_added)
