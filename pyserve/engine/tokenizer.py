@@ -35,7 +35,7 @@ from tokenizers import models, normalizers, pre_tokenizers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Tokenizer", "SUPPORTED_MODELS", "KNOWN_PRE_TOKENIZERS"]
+__all__ = ["Tokenizer", "SUPPORTED_MODELS"]
 
 SUPPORTED_MODELS = ("llama", "gpt2")
 
@@ -172,8 +172,6 @@ _register(["gpt-4o", "llama4", "kanana2", "talkie"], "gpt4o")
 _register(["seed-coder"], "seed-coder")
 _register(["bailingmoe", "bailingmoe2", "llada-moe"], "bailingmoe")
 
-KNOWN_PRE_TOKENIZERS = tuple(sorted(_PRE_TABLE))
-
 # token texts that llama.cpp treats as end-of-turn / end-of-generation markers
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
               "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
@@ -295,19 +293,8 @@ class Tokenizer:
 
     id_to_piece = token_bytes
 
-    def id_to_token(self, token_id: int) -> str:
-        """The token's text as stored in the vocabulary (e.g. ``▁Hello``, ``<0x0A>``)."""
-        return self._tokens[token_id]
-
     def token_to_id(self, text: str) -> int | None:
         return self._hf.token_to_id(text)
-
-    def is_special(self, token_id: int) -> bool:
-        """Control or unknown token: skipped by ``decode(skip_special=True)``."""
-        return bool(self._attrs[token_id] & _A_SKIPPED)
-
-    def is_eog(self, token_id: int) -> bool:
-        return token_id in self.eos_ids
 
     def piece(self, token_id: int, skip_special: bool = True) -> bytes:
         """Bytes of one token as ``decode`` uses them (b"" for a skipped special token)."""
@@ -315,7 +302,7 @@ class Tokenizer:
             return b""
         return self._piece_bytes[token_id]
 
-    def decode_bytes(self, ids: Sequence[int], skip_special: bool = True, strip_leading_space: bool = True) -> bytes:
+    def decode_bytes(self, ids: Sequence[int], skip_special: bool = True) -> bytes:
         """Concatenated token bytes. When the vocabulary adds a SentencePiece space prefix
         (``add_space_prefix``), the space that starts the text is dropped, so that
         ``decode(encode(x)) == x`` (a leading BOS does not count as text)."""
@@ -324,7 +311,7 @@ class Tokenizer:
             data = b"".join([pieces[i] for i in ids if not attrs[i] & _A_SKIPPED])
         else:
             data = b"".join([pieces[i] for i in ids])
-        if strip_leading_space and self.add_space_prefix and data[:1] == b" ":
+        if self.add_space_prefix and data[:1] == b" ":
             data = data[1:]
         return data
 
