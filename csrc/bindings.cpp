@@ -31,7 +31,7 @@ const TypeTraits& traits_or_throw(uint32_t type) {
   return *tt;
 }
 
-// ---- quant (tests hold the SIMD kernels to their scalar twins and the dequantizers to gguf's) ----
+// ---- quant (tests hold the SIMD paths to their scalar twins and the dequantizers to gguf's) ----
 
 py::array_t<float> py_dequantize(uint32_t type, u8array raw, int64_t n) {
   const TypeTraits& tt = traits_or_throw(type);
@@ -42,48 +42,67 @@ py::array_t<float> py_dequantize(uint32_t type, u8array raw, int64_t n) {
   return out;
 }
 
+// The rows of x ([ncols, n], or one row [n]) in activation format f, act_row_size(f, n) bytes apart.
 std::vector<uint8_t> act_bytes(ActFormat f, const f32array& x) {
-  std::vector<uint8_t> buf(act_row_size(f, x.size()));
-  quantize_act_row(f, x.data(), buf.data(), x.size());
+  const int64_t n = x.ndim() == 2 ? x.shape(1) : x.size(), ncols = x.ndim() == 2 ? x.shape(0) : 1;
+  const size_t stride = act_row_size(f, n);
+  std::vector<uint8_t> buf(stride * ncols);
+  for (int64_t c = 0; c < ncols; c++) quantize_act_row(f, x.data() + c * n, buf.data() + c * stride, n);
   return buf;
+}
+
+// out[c · nrows + r] = row r of w (rb bytes apart) · activation column c, through the kernels the engine's
+// matmul runs for type t: the packed groups (packed.h) where t is packable, the rows zero-padded to whole
+// groups (a zero block has scale 0), vec_dot_tile otherwise.
+void engine_products(GGMLType t, int64_t n, const uint8_t* w, size_t rb, int64_t nrows, const uint8_t* act,
+                     int ncols, float* out) {
+  const size_t stride = act_row_size(type_traits((uint32_t)t)->act, n);
+  if (!packable(t)) return vec_dot_tile(t, n, w, rb, nrows, act, stride, ncols, out, nrows);
+  const int64_t padded = (nrows + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS;
+  std::vector<uint8_t> rows(padded * rb, 0);
+  std::memcpy(rows.data(), w, nrows * rb);
+  const auto p = pack_weight(t, rows.data(), rb, padded, n);
+  std::vector<float> all((size_t)ncols * padded);
+  packed_tile(*p, 0, p->n_groups, act, stride, ncols, all.data(), padded);
+  for (int c = 0; c < ncols; c++) std::memcpy(out + c * nrows, all.data() + c * padded, nrows * sizeof(float));
 }
 
 float py_vec_dot(uint32_t type, u8array w_row, f32array x, const std::string& impl) {
   const TypeTraits& tt = traits_or_throw(type);
   int64_t n = x.size();
-  if ((size_t)w_row.size() < row_size((GGMLType)type, n)) throw std::invalid_argument("weight row too short");
+  const size_t rb = row_size((GGMLType)type, n);
+  if ((size_t)w_row.size() < rb) throw std::invalid_argument("weight row too short");
   std::vector<uint8_t> act = act_bytes(tt.act, x);
   if (impl == "ref") return vec_dot_ref((GGMLType)type, n, w_row.data(), act.data());
-  if (impl == "simd") return vec_dot((GGMLType)type, n, w_row.data(), act.data());
-  throw std::invalid_argument("impl must be 'ref' or 'simd'");
+  if (impl != "simd") throw std::invalid_argument("impl must be 'ref' or 'simd'");
+  float out;
+  engine_products((GGMLType)type, n, w_row.data(), rb, 1, act.data(), 1, &out);
+  return out;
 }
 
-// x: [ncols, n] float32 → out[ncols] via vec_dot_cols
+// x: [ncols, n] float32 → out[ncols], one weight row against every column
 py::array_t<float> py_vec_dot_cols(uint32_t type, u8array w_row, f32array x) {
   const TypeTraits& tt = traits_or_throw(type);
   if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [ncols, n]");
   int64_t ncols = x.shape(0), n = x.shape(1);
-  if ((size_t)w_row.size() < row_size((GGMLType)type, n)) throw std::invalid_argument("weight row too short");
-  size_t stride = act_row_size(tt.act, n);
-  std::vector<uint8_t> act(stride * ncols);
-  for (int64_t c = 0; c < ncols; c++) quantize_act_row(tt.act, x.data(c, 0), act.data() + c * stride, n);
+  const size_t rb = row_size((GGMLType)type, n);
+  if ((size_t)w_row.size() < rb) throw std::invalid_argument("weight row too short");
+  std::vector<uint8_t> act = act_bytes(tt.act, x);
   py::array_t<float> out(ncols);
-  vec_dot_cols((GGMLType)type, n, w_row.data(), act.data(), stride, (int)ncols, out.mutable_data());
+  engine_products((GGMLType)type, n, w_row.data(), rb, 1, act.data(), (int)ncols, out.mutable_data());
   return out;
 }
 
-// w_rows: [nrows, row_bytes] raw weight rows; x: [ncols, n] → [ncols, nrows] via vec_dot_tile
+// w_rows: [nrows, row_bytes] raw weight rows; x: [ncols, n] → [ncols, nrows]
 py::array_t<float> py_vec_dot_tile(uint32_t type, u8array w_rows, f32array x) {
   const TypeTraits& tt = traits_or_throw(type);
   if (w_rows.ndim() != 2 || x.ndim() != 2) throw std::invalid_argument("w_rows and x must be 2-D");
   const int64_t nrows = w_rows.shape(0), ncols = x.shape(0), n = x.shape(1);
   const size_t rb = row_size((GGMLType)type, n);
   if ((size_t)w_rows.shape(1) != rb) throw std::invalid_argument("w_rows' second dimension must be the row size");
-  size_t stride = act_row_size(tt.act, n);
-  std::vector<uint8_t> act(stride * ncols);
-  for (int64_t c = 0; c < ncols; c++) quantize_act_row(tt.act, x.data(c, 0), act.data() + c * stride, n);
+  std::vector<uint8_t> act = act_bytes(tt.act, x);
   py::array_t<float> out({ncols, nrows});
-  vec_dot_tile((GGMLType)type, n, w_rows.data(), rb, nrows, act.data(), stride, (int)ncols, out.mutable_data(), nrows);
+  engine_products((GGMLType)type, n, w_rows.data(), rb, nrows, act.data(), (int)ncols, out.mutable_data());
   return out;
 }
 
@@ -130,10 +149,16 @@ py::array_t<float> py_act_roundtrip(uint32_t type, f32array x) {
 void bind_quant(py::module_& m) {
   m.def("dequantize", &py_dequantize, py::arg("type"), py::arg("raw"), py::arg("n"),
         "Dequantize n elements of GGML type id `type` from raw bytes.");
+  // vec_dot / vec_dot_cols / vec_dot_tile: products through the SIMD path the engine runs for the type (the
+  // packed kernels of a packable type, the per-row kernels otherwise; a scalar build: the reference).
   m.def("vec_dot", &py_vec_dot, py::arg("type"), py::arg("w_row"), py::arg("x"), py::arg("impl") = "simd",
-        "Dot of one raw weight row with float x (quantized to the type's activation format first).");
-  m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"));
-  m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"));
+        "Dot of one raw weight row with float x (quantized to the type's activation format first); "
+        "impl='simd': the engine's kernel for the type (packed types: the row in a group of 8 with 7 zero "
+        "rows), impl='ref': the scalar reference.");
+  m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"),
+        "-> [ncols]: one raw weight row against every row of x [ncols, n]");
+  m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"),
+        "-> [ncols, nrows]: raw weight rows [nrows, row_bytes] against the rows of x [ncols, n]");
   m.def("matmul", &py_matmul, py::arg("type"), py::arg("w_rows"), py::arg("x"), py::arg("threads") = 1,
         py::arg("pack") = true);
   m.def("packable", [](uint32_t type) { return packable((GGMLType)type); });
@@ -380,7 +405,8 @@ void bind_engine(py::module_& m) {
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
            "index < 0: every sample of the request; else that sample only")
       .def("step", &engine_step,
-           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts)]; releases the GIL")
+           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached)]; "
+           "releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
