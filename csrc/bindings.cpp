@@ -176,24 +176,33 @@ void bind_quant(py::module_& m) {
 
 // ---- sampler (unit-tested on synthetic logits) ----
 
+void set_sampling(SamplingConfig& c, const std::string& k, py::handle v) {
+  if (k == "temperature") c.temperature = v.cast<float>();
+  else if (k == "top_k") c.top_k = v.cast<int>();
+  else if (k == "top_p") c.top_p = v.cast<float>();
+  else if (k == "min_p") c.min_p = v.cast<float>();
+  else if (k == "repetition_penalty") c.repetition_penalty = v.cast<float>();
+  else if (k == "presence_penalty") c.presence_penalty = v.cast<float>();
+  else if (k == "frequency_penalty") c.frequency_penalty = v.cast<float>();
+  else if (k == "seed") c.seed = v.is_none() ? -1 : v.cast<int64_t>();
+  else if (k == "logprobs") c.logprobs = v.is_none() ? -1 : v.cast<int>();
+  else if (k == "logit_bias") {
+    for (auto kv : v.cast<py::dict>()) c.logit_bias.emplace_back(
+        py::int_(py::reinterpret_borrow<py::object>(kv.first)).cast<int32_t>(), kv.second.cast<float>());
+  } else throw std::invalid_argument("unknown sampling parameter '" + k + "'");
+}
+
+// A value that does not convert is a ValueError naming the parameter, as a value out of range is.
 SamplingConfig config_from_kwargs(const py::dict& kw) {
   SamplingConfig c;
   for (auto item : kw) {
-    std::string k = py::str(item.first);
-    py::handle v = item.second;
-    if (k == "temperature") c.temperature = v.cast<float>();
-    else if (k == "top_k") c.top_k = v.cast<int>();
-    else if (k == "top_p") c.top_p = v.cast<float>();
-    else if (k == "min_p") c.min_p = v.cast<float>();
-    else if (k == "repetition_penalty") c.repetition_penalty = v.cast<float>();
-    else if (k == "presence_penalty") c.presence_penalty = v.cast<float>();
-    else if (k == "frequency_penalty") c.frequency_penalty = v.cast<float>();
-    else if (k == "seed") c.seed = v.is_none() ? -1 : v.cast<int64_t>();
-    else if (k == "logprobs") c.logprobs = v.is_none() ? -1 : v.cast<int>();
-    else if (k == "logit_bias") {
-      for (auto kv : v.cast<py::dict>()) c.logit_bias.emplace_back(
-          py::int_(py::reinterpret_borrow<py::object>(kv.first)).cast<int32_t>(), kv.second.cast<float>());
-    } else throw std::invalid_argument("unknown sampling parameter '" + k + "'");
+    const std::string k = py::str(item.first);
+    try {
+      set_sampling(c, k, item.second);
+    } catch (const py::cast_error&) {
+      throw std::invalid_argument(k + " has the wrong type or is out of range: " +
+                                  py::repr(item.second).cast<std::string>());
+    }
   }
   return c;
 }
@@ -213,6 +222,11 @@ class PySampler {
 };
 
 void bind_sampler(py::module_& m) {
+  m.def("check_sampling", [](const py::dict& sampling) { check_sampling(config_from_kwargs(sampling)); },
+        py::arg("sampling"),
+        "Raises ValueError (the message starts with the parameter's name) unless the sampler accepts these "
+        "parameters (the kwargs of Sampler / the `sampling` dict of Engine.add); the rules against a "
+        "vocabulary (logit_bias ids, logprobs <= n_vocab) are Engine.check_request's.");
   py::class_<PySampler>(m, "Sampler")
       .def(py::init<int, const py::kwargs&>(), py::arg("n_vocab"))
       .def("set_prompt", &PySampler::set_prompt)
@@ -333,14 +347,16 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
   return r;
 }
 
-void engine_add(Engine& e, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-                int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
-  e.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
-}
-
-void loop_add(EngineLoop& l, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-              int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
-  l.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
+// Binds `name` on an Engine or an EngineLoop with add's Python arguments, building the Request for
+// `method` (add, or check: the same validation, nothing queued).
+template <class C, class Method>
+void def_request(py::class_<C>& cls, const char* name, Method method, const char* doc) {
+  cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
+                         int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
+    (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
+  }, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
+     py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
+     py::arg("n") = 1, doc);
 }
 
 // (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached) per output
@@ -390,7 +406,8 @@ py::dict engine_stats(Engine& e) {
 }
 
 void bind_engine(py::module_& m) {
-  py::class_<Engine>(m, "Engine")
+  py::class_<Engine> engine(m, "Engine");
+  engine
       .def(py::init(&make_engine), py::arg("path"), py::arg("n_threads") = 0, py::arg("n_ctx") = 0,
            py::arg("num_kv_blocks") = 0, py::arg("kv_cache_memory") = 0, py::arg("block_size") = 16,
            py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512,
@@ -399,9 +416,6 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
       .def_property("eos_ids", &Engine::eos_ids, &Engine::set_eos_ids)
-      .def("add", &engine_add, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
-           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-           py::arg("n") = 1)
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
            "index < 0: every sample of the request; else that sample only")
       .def("step", &engine_step,
@@ -410,18 +424,23 @@ void bind_engine(py::module_& m) {
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
+  def_request(engine, "add", &Engine::add,
+              "Validates (as check_request; also refuses an id already live) and queues the request");
+  def_request(engine, "check_request", &Engine::check,
+              "Raises the ValueError add would raise for these arguments (a live id aside); queues nothing; "
+              "thread-safe");
 
-  py::class_<EngineLoop>(m, "EngineLoop")
+  py::class_<EngineLoop> loop(m, "EngineLoop");
+  loop
       .def(py::init<Engine&>(), py::arg("engine"), py::keep_alive<1, 2>())
       .def("start", &EngineLoop::start)
       .def("stop", &EngineLoop::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("fd", &EngineLoop::fd)
-      .def("add", &loop_add, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
-           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-           py::arg("n") = 1)
       .def("abort", &EngineLoop::abort, py::arg("request_id"), py::arg("index") = -1,
            "thread-safe, never blocks on a step; index < 0: every sample")
       .def("drain", &loop_drain, "-> outputs since the last drain; resets the fd");
+  def_request(loop, "add", &EngineLoop::add, "Engine.add, then wakes the loop; thread-safe");
+  def_request(loop, "check_request", &EngineLoop::check, "Engine.check_request; thread-safe, queues nothing");
 }
 
 // ---- block manager and scheduler without a model (unit tests) ----
