@@ -31,7 +31,7 @@ const TypeTraits& traits_or_throw(uint32_t type) {
   return *tt;
 }
 
-// ---- quant (tests hold the SIMD kernels to their scalar twins and the dequantizers to gguf's) ----
+// ---- quant (tests hold the SIMD paths to their scalar twins and the dequantizers to gguf's) ----
 
 py::array_t<float> py_dequantize(uint32_t type, u8array raw, int64_t n) {
   const TypeTraits& tt = traits_or_throw(type);
@@ -42,48 +42,67 @@ py::array_t<float> py_dequantize(uint32_t type, u8array raw, int64_t n) {
   return out;
 }
 
+// The rows of x ([ncols, n], or one row [n]) in activation format f, act_row_size(f, n) bytes apart.
 std::vector<uint8_t> act_bytes(ActFormat f, const f32array& x) {
-  std::vector<uint8_t> buf(act_row_size(f, x.size()));
-  quantize_act_row(f, x.data(), buf.data(), x.size());
+  const int64_t n = x.ndim() == 2 ? x.shape(1) : x.size(), ncols = x.ndim() == 2 ? x.shape(0) : 1;
+  const size_t stride = act_row_size(f, n);
+  std::vector<uint8_t> buf(stride * ncols);
+  for (int64_t c = 0; c < ncols; c++) quantize_act_row(f, x.data() + c * n, buf.data() + c * stride, n);
   return buf;
+}
+
+// out[c · nrows + r] = row r of w (rb bytes apart) · activation column c, through the kernels the engine's
+// matmul runs for type t: the packed groups (packed.h) where t is packable, the rows zero-padded to whole
+// groups (a zero block has scale 0), vec_dot_tile otherwise.
+void engine_products(GGMLType t, int64_t n, const uint8_t* w, size_t rb, int64_t nrows, const uint8_t* act,
+                     int ncols, float* out) {
+  const size_t stride = act_row_size(type_traits((uint32_t)t)->act, n);
+  if (!packable(t)) return vec_dot_tile(t, n, w, rb, nrows, act, stride, ncols, out, nrows);
+  const int64_t padded = (nrows + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS;
+  std::vector<uint8_t> rows(padded * rb, 0);
+  std::memcpy(rows.data(), w, nrows * rb);
+  const auto p = pack_weight(t, rows.data(), rb, padded, n);
+  std::vector<float> all((size_t)ncols * padded);
+  packed_tile(*p, 0, p->n_groups, act, stride, ncols, all.data(), padded);
+  for (int c = 0; c < ncols; c++) std::memcpy(out + c * nrows, all.data() + c * padded, nrows * sizeof(float));
 }
 
 float py_vec_dot(uint32_t type, u8array w_row, f32array x, const std::string& impl) {
   const TypeTraits& tt = traits_or_throw(type);
   int64_t n = x.size();
-  if ((size_t)w_row.size() < row_size((GGMLType)type, n)) throw std::invalid_argument("weight row too short");
+  const size_t rb = row_size((GGMLType)type, n);
+  if ((size_t)w_row.size() < rb) throw std::invalid_argument("weight row too short");
   std::vector<uint8_t> act = act_bytes(tt.act, x);
   if (impl == "ref") return vec_dot_ref((GGMLType)type, n, w_row.data(), act.data());
-  if (impl == "simd") return vec_dot((GGMLType)type, n, w_row.data(), act.data());
-  throw std::invalid_argument("impl must be 'ref' or 'simd'");
+  if (impl != "simd") throw std::invalid_argument("impl must be 'ref' or 'simd'");
+  float out;
+  engine_products((GGMLType)type, n, w_row.data(), rb, 1, act.data(), 1, &out);
+  return out;
 }
 
-// x: [ncols, n] float32 → out[ncols] via vec_dot_cols
+// x: [ncols, n] float32 → out[ncols], one weight row against every column
 py::array_t<float> py_vec_dot_cols(uint32_t type, u8array w_row, f32array x) {
   const TypeTraits& tt = traits_or_throw(type);
   if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [ncols, n]");
   int64_t ncols = x.shape(0), n = x.shape(1);
-  if ((size_t)w_row.size() < row_size((GGMLType)type, n)) throw std::invalid_argument("weight row too short");
-  size_t stride = act_row_size(tt.act, n);
-  std::vector<uint8_t> act(stride * ncols);
-  for (int64_t c = 0; c < ncols; c++) quantize_act_row(tt.act, x.data(c, 0), act.data() + c * stride, n);
+  const size_t rb = row_size((GGMLType)type, n);
+  if ((size_t)w_row.size() < rb) throw std::invalid_argument("weight row too short");
+  std::vector<uint8_t> act = act_bytes(tt.act, x);
   py::array_t<float> out(ncols);
-  vec_dot_cols((GGMLType)type, n, w_row.data(), act.data(), stride, (int)ncols, out.mutable_data());
+  engine_products((GGMLType)type, n, w_row.data(), rb, 1, act.data(), (int)ncols, out.mutable_data());
   return out;
 }
 
-// w_rows: [nrows, row_bytes] raw weight rows; x: [ncols, n] → [ncols, nrows] via vec_dot_tile
+// w_rows: [nrows, row_bytes] raw weight rows; x: [ncols, n] → [ncols, nrows]
 py::array_t<float> py_vec_dot_tile(uint32_t type, u8array w_rows, f32array x) {
   const TypeTraits& tt = traits_or_throw(type);
   if (w_rows.ndim() != 2 || x.ndim() != 2) throw std::invalid_argument("w_rows and x must be 2-D");
   const int64_t nrows = w_rows.shape(0), ncols = x.shape(0), n = x.shape(1);
   const size_t rb = row_size((GGMLType)type, n);
   if ((size_t)w_rows.shape(1) != rb) throw std::invalid_argument("w_rows' second dimension must be the row size");
-  size_t stride = act_row_size(tt.act, n);
-  std::vector<uint8_t> act(stride * ncols);
-  for (int64_t c = 0; c < ncols; c++) quantize_act_row(tt.act, x.data(c, 0), act.data() + c * stride, n);
+  std::vector<uint8_t> act = act_bytes(tt.act, x);
   py::array_t<float> out({ncols, nrows});
-  vec_dot_tile((GGMLType)type, n, w_rows.data(), rb, nrows, act.data(), stride, (int)ncols, out.mutable_data(), nrows);
+  engine_products((GGMLType)type, n, w_rows.data(), rb, nrows, act.data(), (int)ncols, out.mutable_data());
   return out;
 }
 
@@ -130,10 +149,16 @@ py::array_t<float> py_act_roundtrip(uint32_t type, f32array x) {
 void bind_quant(py::module_& m) {
   m.def("dequantize", &py_dequantize, py::arg("type"), py::arg("raw"), py::arg("n"),
         "Dequantize n elements of GGML type id `type` from raw bytes.");
+  // vec_dot / vec_dot_cols / vec_dot_tile: products through the SIMD path the engine runs for the type (the
+  // packed kernels of a packable type, the per-row kernels otherwise; a scalar build: the reference).
   m.def("vec_dot", &py_vec_dot, py::arg("type"), py::arg("w_row"), py::arg("x"), py::arg("impl") = "simd",
-        "Dot of one raw weight row with float x (quantized to the type's activation format first).");
-  m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"));
-  m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"));
+        "Dot of one raw weight row with float x (quantized to the type's activation format first); "
+        "impl='simd': the engine's kernel for the type (packed types: the row in a group of 8 with 7 zero "
+        "rows), impl='ref': the scalar reference.");
+  m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"),
+        "-> [ncols]: one raw weight row against every row of x [ncols, n]");
+  m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"),
+        "-> [ncols, nrows]: raw weight rows [nrows, row_bytes] against the rows of x [ncols, n]");
   m.def("matmul", &py_matmul, py::arg("type"), py::arg("w_rows"), py::arg("x"), py::arg("threads") = 1,
         py::arg("pack") = true);
   m.def("packable", [](uint32_t type) { return packable((GGMLType)type); });
@@ -151,24 +176,33 @@ void bind_quant(py::module_& m) {
 
 // ---- sampler (unit-tested on synthetic logits) ----
 
+void set_sampling(SamplingConfig& c, const std::string& k, py::handle v) {
+  if (k == "temperature") c.temperature = v.cast<float>();
+  else if (k == "top_k") c.top_k = v.cast<int>();
+  else if (k == "top_p") c.top_p = v.cast<float>();
+  else if (k == "min_p") c.min_p = v.cast<float>();
+  else if (k == "repetition_penalty") c.repetition_penalty = v.cast<float>();
+  else if (k == "presence_penalty") c.presence_penalty = v.cast<float>();
+  else if (k == "frequency_penalty") c.frequency_penalty = v.cast<float>();
+  else if (k == "seed") c.seed = v.is_none() ? -1 : v.cast<int64_t>();
+  else if (k == "logprobs") c.logprobs = v.is_none() ? -1 : v.cast<int>();
+  else if (k == "logit_bias") {
+    for (auto kv : v.cast<py::dict>()) c.logit_bias.emplace_back(
+        py::int_(py::reinterpret_borrow<py::object>(kv.first)).cast<int32_t>(), kv.second.cast<float>());
+  } else throw std::invalid_argument("unknown sampling parameter '" + k + "'");
+}
+
+// A value that does not convert is a ValueError naming the parameter, as a value out of range is.
 SamplingConfig config_from_kwargs(const py::dict& kw) {
   SamplingConfig c;
   for (auto item : kw) {
-    std::string k = py::str(item.first);
-    py::handle v = item.second;
-    if (k == "temperature") c.temperature = v.cast<float>();
-    else if (k == "top_k") c.top_k = v.cast<int>();
-    else if (k == "top_p") c.top_p = v.cast<float>();
-    else if (k == "min_p") c.min_p = v.cast<float>();
-    else if (k == "repetition_penalty") c.repetition_penalty = v.cast<float>();
-    else if (k == "presence_penalty") c.presence_penalty = v.cast<float>();
-    else if (k == "frequency_penalty") c.frequency_penalty = v.cast<float>();
-    else if (k == "seed") c.seed = v.is_none() ? -1 : v.cast<int64_t>();
-    else if (k == "logprobs") c.logprobs = v.is_none() ? -1 : v.cast<int>();
-    else if (k == "logit_bias") {
-      for (auto kv : v.cast<py::dict>()) c.logit_bias.emplace_back(
-          py::int_(py::reinterpret_borrow<py::object>(kv.first)).cast<int32_t>(), kv.second.cast<float>());
-    } else throw std::invalid_argument("unknown sampling parameter '" + k + "'");
+    const std::string k = py::str(item.first);
+    try {
+      set_sampling(c, k, item.second);
+    } catch (const py::cast_error&) {
+      throw std::invalid_argument(k + " has the wrong type or is out of range: " +
+                                  py::repr(item.second).cast<std::string>());
+    }
   }
   return c;
 }
@@ -188,6 +222,11 @@ class PySampler {
 };
 
 void bind_sampler(py::module_& m) {
+  m.def("check_sampling", [](const py::dict& sampling) { check_sampling(config_from_kwargs(sampling)); },
+        py::arg("sampling"),
+        "Raises ValueError (the message starts with the parameter's name) unless the sampler accepts these "
+        "parameters (the kwargs of Sampler / the `sampling` dict of Engine.add); the rules against a "
+        "vocabulary (logit_bias ids, logprobs <= n_vocab) are Engine.check_request's.");
   py::class_<PySampler>(m, "Sampler")
       .def(py::init<int, const py::kwargs&>(), py::arg("n_vocab"))
       .def("set_prompt", &PySampler::set_prompt)
@@ -308,14 +347,16 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
   return r;
 }
 
-void engine_add(Engine& e, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-                int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
-  e.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
-}
-
-void loop_add(EngineLoop& l, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-              int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
-  l.add(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
+// Binds `name` on an Engine or an EngineLoop with add's Python arguments, building the Request for
+// `method` (add, or check: the same validation, nothing queued).
+template <class C, class Method>
+void def_request(py::class_<C>& cls, const char* name, Method method, const char* doc) {
+  cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
+                         int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
+    (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
+  }, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
+     py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
+     py::arg("n") = 1, doc);
 }
 
 // (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached) per output
@@ -365,7 +406,8 @@ py::dict engine_stats(Engine& e) {
 }
 
 void bind_engine(py::module_& m) {
-  py::class_<Engine>(m, "Engine")
+  py::class_<Engine> engine(m, "Engine");
+  engine
       .def(py::init(&make_engine), py::arg("path"), py::arg("n_threads") = 0, py::arg("n_ctx") = 0,
            py::arg("num_kv_blocks") = 0, py::arg("kv_cache_memory") = 0, py::arg("block_size") = 16,
            py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512,
@@ -374,28 +416,31 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
       .def_property("eos_ids", &Engine::eos_ids, &Engine::set_eos_ids)
-      .def("add", &engine_add, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
-           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-           py::arg("n") = 1)
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
            "index < 0: every sample of the request; else that sample only")
       .def("step", &engine_step,
-           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts)]; releases the GIL")
+           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached)]; "
+           "releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
+  def_request(engine, "add", &Engine::add,
+              "Validates (as check_request; also refuses an id already live) and queues the request");
+  def_request(engine, "check_request", &Engine::check,
+              "Raises the ValueError add would raise for these arguments (a live id aside); queues nothing; "
+              "thread-safe");
 
-  py::class_<EngineLoop>(m, "EngineLoop")
+  py::class_<EngineLoop> loop(m, "EngineLoop");
+  loop
       .def(py::init<Engine&>(), py::arg("engine"), py::keep_alive<1, 2>())
       .def("start", &EngineLoop::start)
       .def("stop", &EngineLoop::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("fd", &EngineLoop::fd)
-      .def("add", &loop_add, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
-           py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-           py::arg("n") = 1)
       .def("abort", &EngineLoop::abort, py::arg("request_id"), py::arg("index") = -1,
            "thread-safe, never blocks on a step; index < 0: every sample")
       .def("drain", &loop_drain, "-> outputs since the last drain; resets the fd");
+  def_request(loop, "add", &EngineLoop::add, "Engine.add, then wakes the loop; thread-safe");
+  def_request(loop, "check_request", &EngineLoop::check, "Engine.check_request; thread-safe, queues nothing");
 }
 
 // ---- block manager and scheduler without a model (unit tests) ----

@@ -46,14 +46,12 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
 
 Engine::~Engine() = default;
 
-void Engine::add(Request req) {
-  const HParams& hp = model_->hparams();
-  if (req.prompt.empty()) throw std::invalid_argument("the prompt is empty");
-  for (int32_t t : req.prompt)
-    if (t < 0 || t >= hp.n_vocab)
-      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                  std::to_string(hp.n_vocab) + ")");
-  if (req.stop.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+void Engine::check(const Request& req) const {
+  const int V = model_->hparams().n_vocab;
+  if (req.prompt.empty()) throw std::invalid_argument("prompt is empty");
+  for (int32_t t : req.prompt) check_token_id("prompt", t, V);
+  if (req.stop.max_tokens < 1)
+    throw std::invalid_argument("max_tokens must be at least 1, got " + std::to_string(req.stop.max_tokens));
   if (req.n < 1 || req.n > cfg_.max_num_seqs)
     throw std::invalid_argument("n must be in [1, max_num_seqs = " + std::to_string(cfg_.max_num_seqs) + "], got " +
                                 std::to_string(req.n));
@@ -66,12 +64,20 @@ void Engine::add(Request req) {
   // The prompt's full blocks are shared; each sample holds the rest (its copy of a partial last block too).
   const int shared = n_prompt / cfg_.block_size;
   const int64_t need = shared + (int64_t)req.n * (scheduler_->blocks_needed((int)total) - shared);
-  if (need > blocks_->num_blocks())
+  if (need > cfg_.num_kv_blocks)
     throw std::invalid_argument("prompt + " + (req.n > 1 ? std::to_string(req.n) + " × " : std::string()) +
                                 "max_tokens (" + std::to_string(n_prompt) + " + " +
                                 (req.n > 1 ? std::to_string(req.n) + " × " : std::string()) +
                                 std::to_string(req.stop.max_tokens) + " tokens) exceeds the KV cache (" +
-                                std::to_string((int64_t)blocks_->num_blocks() * cfg_.block_size) + " tokens)");
+                                std::to_string((int64_t)cfg_.num_kv_blocks * cfg_.block_size) + " tokens)");
+  check_sampling(req.sampling, V);
+  for (int32_t t : req.stop.stop_token_ids) check_token_id("stop_token_ids", t, V);
+}
+
+void Engine::add(Request req) {
+  check(req);
+  const HParams& hp = model_->hparams();
+  const int n_prompt = (int)req.prompt.size();
   auto seq = std::make_unique<Sequence>();
   if (req.n == 1) {
     seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
@@ -288,6 +294,7 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   const int T = (int)tokens.size(), bs = cfg_.block_size;
   if (T == 0) return {};
   if (T > cfg_.n_ctx) throw std::invalid_argument("more tokens than the context length");
+  for (int32_t t : tokens) check_token_id("tokens", t, model_->hparams().n_vocab);
   int need = (T + bs - 1) / bs;
   if (!blocks_->can_allocate(need)) throw std::runtime_error("not enough free KV blocks");
   std::vector<int32_t> table;

@@ -74,8 +74,13 @@ class Engine {
   std::vector<int32_t> eos_ids() const { return eos_ids_; }
   void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
-  // Validates (ids in the vocabulary, prompt + max_tokens within n_ctx, prompt + n × max_tokens within the
-  // pool, sampling parameters) and enqueues. Throws std::invalid_argument with the reason; a duplicate id too.
+  // Every rule a request must pass: a non-empty prompt of ids in the vocabulary, max_tokens >= 1, n in
+  // [1, max_num_seqs], prompt + max_tokens within n_ctx, prompt + n × max_tokens within the KV pool, the
+  // sampling parameters (check_sampling), stop_token_ids in the vocabulary. Throws std::invalid_argument
+  // whose message starts with the field's name ("prompt: token id 300000 is outside the vocabulary …").
+  // Thread-safe (reads only what is fixed at construction); queues nothing.
+  void check(const Request& req) const;
+  // check(), then enqueues; throws std::invalid_argument as check() does, and for an id already live.
   void add(Request req);
   // Removes the request (index < 0: all its samples; else that sample) wherever it is; its blocks are free
   // before the next step. Unknown ids: no-op.
@@ -88,7 +93,8 @@ class Engine {
   EngineStats stats();  // thread-safe: a snapshot taken at the end of the last step
 
   // Logits of positions `rows` (all when empty) of a fresh sequence, for scoring and tests:
-  // [rows × n_vocab]. Uses free blocks without going through the scheduler; call between steps.
+  // [rows × n_vocab]. Uses free blocks without going through the scheduler; call between steps. Throws
+  // std::invalid_argument for a token id outside the vocabulary ("tokens: token id …") or a bad row.
   std::vector<float> prompt_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows);
 
  private:

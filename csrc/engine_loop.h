@@ -26,6 +26,7 @@ class EngineLoop {
   void stop();
   int fd() const { return fd_; }
 
+  void check(const Request& req) const { engine_.check(req); }  // Engine::check: thread-safe, queues nothing
   void add(Request req);               // Engine::add, then wakes the loop
   void abort(const std::string& id, int index = -1);  // Engine::abort, then wakes the loop
   // Everything produced since the last drain, in order; clears the fd's counter.

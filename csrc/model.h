@@ -85,7 +85,8 @@ class Model {
   const GGUFFile& file() const { return *file_; }
 
   // Runs the batch: writes K/V of every token into `kv` through its table (blocks must be allocated),
-  // then fills logits[logit_rows.size() × n_vocab]. Throws ModelError on a token id outside the vocabulary.
+  // then fills logits[logit_rows.size() × n_vocab]. Every token id must be in the vocabulary: the engine
+  // checks them before (Engine::check for requests, prompt_logits for its tokens).
   void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits);
 
  private:

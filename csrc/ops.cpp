@@ -328,7 +328,7 @@ void quantize_input(ThreadPool& pool, ActFormat f, const float* x, int64_t T, in
 
 constexpr int64_t ROW_TILE = 16;  // weight rows kept hot in L1 while the token columns stream past (a
                                   // multiple of PACK_ROWS, so a tile never splits a packed group)
-constexpr int COL_TILE = 8;       // token columns per vec_dot_cols call
+constexpr int COL_TILE = 8;       // token columns per vec_dot_tile call
 
 // Rows [r0, r0 + nr) of W against all T activation columns into y[T, W.n_out].
 void tile_product(const Weight& W, int64_t r0, int64_t nr, const uint8_t* a, size_t stride, int64_t T, float* y) {

@@ -1,15 +1,16 @@
-// quant: block decoding, activation quantization and the dot-product kernels (see quant.h).
+// quant: block decoding, activation quantization, the scalar reference dot products and the per-row SIMD
+// kernels of the types without a packed layout (see quant.h).
 //
 // Kernel shape: every SIMD dot product is one template `k_<type><NC>` that decodes a weight block once and
-// applies it to NC activation columns. vec_dot is the NC = 1 instance and vec_dot_cols runs NC ≤ 8 at a time,
-// so each column sees exactly the same instruction sequence (same integer lanes, same fma chain, same final
-// reduction) whatever NC is: that is what makes out[c] bit-identical to vec_dot. Float math in the SIMD paths
-// is written with explicit intrinsics / std::fma so that the compiler's fp-contraction cannot differ between
-// instances.
+// applies it to NC activation columns; vec_dot_tile runs it row by row with NC ≤ 8, so each column sees
+// exactly the same instruction sequence (same integer lanes, same fma chain, same final reduction)
+// whatever NC is: that is what makes a column's result independent of its tile. Float math in the SIMD
+// paths is written with explicit intrinsics / std::fma so that the compiler's fp-contraction cannot differ
+// between instances.
 //
-// Integer domain: int8 activations times small weight codes are summed exactly in int16/int32 lanes
-// (maddubs pairs never saturate: |w| ≤ 128, |a| ≤ 127 since activations are quantized to [-127, 127]);
-// with AVX-512 VNNI the same lanes come from vpdpbusd / vpdpwssd, so the results are identical to AVX2.
+// Integer domain: int8 activations times small unsigned weight codes are summed exactly in int16/int32
+// lanes (maddubs pairs never saturate: w ≤ 31, |a| ≤ 127 since activations are quantized to [-127, 127]);
+// with AVX-512 VNNI the same lanes come from vpdpbusd, so the results are identical to AVX2.
 #include "quant.h"
 
 #include <algorithm>
@@ -418,8 +419,10 @@ static float ref_q6_K(int64_t n, const void* vw, const void* va) {
   return sum;
 }
 
-// ================================================================ SIMD kernels (AVX2, with AVX-512 VNNI/BW
-// shortcuts). Signature: k<NC>(n, w_row, act, act_stride, out[NC]).
+// ================================================================ per-row SIMD kernels (AVX2, with AVX-512
+// VNNI/BW shortcuts) of the types without a packed layout: Q4_1, Q5_1 and the float types. (Q4_0 … Q6_K run
+// through packed.h in an AVX2 build and through the references above in a scalar one.)
+// Signature: k<NC>(n, w_row, act, act_stride, out[NC]).
 #if PS_AVX2
 
 static inline float hsum8(__m256 v) {
@@ -437,48 +440,21 @@ static inline __m256i nibbles32(const uint8_t* p) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
 }
 
-// ---- legacy blocks: decoders to 32 int8 codes
-static inline __m256i dec_q4_0(const block_q4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
+// ---- Q4_1 / Q5_1: decoders to 32 unsigned codes
 static inline __m256i dec_q4_1(const block_q4_1& b) { return nibbles32(b.qs); }
 #if PS_AVX512BW
-static inline __m256i dec_q5_0(const block_q5_0& b) {  // nib + 16·bit − 16
-  const __m256i nib = nibbles32(b.qs);
-  return _mm256_mask_sub_epi8(nib, (__mmask32)~load_u32(b.qh), nib, _mm256_set1_epi8(16));
-}
 static inline __m256i dec_q5_1(const block_q5_1& b) {
   const __m256i nib = nibbles32(b.qs);
   return _mm256_mask_add_epi8(nib, (__mmask32)load_u32(b.qh), nib, _mm256_set1_epi8(16));
 }
 #else
-static inline __m256i dec_q5_0(const block_q5_0& b) {  // nib | (bit ? 0 : 0xF0) == nib + 16·bit − 16
-  return _mm256_or_si256(nibbles32(b.qs), _mm256_andnot_si256(bits_to_bytes(load_u32(b.qh)), _mm256_set1_epi8((char)0xF0)));
-}
 static inline __m256i dec_q5_1(const block_q5_1& b) {
   return _mm256_or_si256(nibbles32(b.qs), _mm256_and_si256(bits_to_bytes(load_u32(b.qh)), _mm256_set1_epi8(0x10)));
 }
 #endif
-static inline __m256i dec_q8_0(const block_q8_0& b) { return load256(b.qs); }
 
 static inline const block_q8_32* act32(const uint8_t* act, size_t stride, int c) {
   return (const block_q8_32*)(act + c * stride);
-}
-
-// Signed codes: |q_w| · sign(q_a, q_w) so that maddubs / vpdpbusd (u8 × s8) applies.
-template <class B, __m256i (*Dec)(const B&), int NC>
-static void k_sym(int64_t n, const void* vw, const uint8_t* act, size_t stride, float* out) {
-  const B* w = (const B*)vw;
-  __m256 acc[NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / QK; i++) {
-    const __m256i qx = Dec(w[i]), ax = _mm256_sign_epi8(qx, qx);
-    const __m256 dw = _mm256_set1_ps(h2f(w[i].d));
-    for (int c = 0; c < NC; c++) {
-      const block_q8_32& a = act32(act, stride, c)[i];
-      const __m256 p = _mm256_cvtepi32_ps(dp4(_mm256_setzero_si256(), ax, _mm256_sign_epi8(load256(a.qs), qx)));
-      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), p, acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; c++) out[c] = hsum8(acc[c]);
 }
 
 // Unsigned codes with a min: d_w·d_a·Σq·a + m_w·s_a.
@@ -500,123 +476,6 @@ static void k_asym(int64_t n, const void* vw, const uint8_t* act, size_t stride,
     }
   }
   for (int c = 0; c < NC; c++) out[c] = hsum8(acc[c]) + summ[c];
-}
-
-// ---- K-quants. A decoded super-block: 8 vectors of 32 unsigned codes, each with its int16 scale vector.
-struct KBlock {
-  __m256i q[8], sc[8];
-  __m256i mins;  // Q4_K/Q5_K: m_j repeated for the bsum pair (2j, 2j+1); Q6_K: the 16 scales
-  float d, dmin;
-};
-
-// Int16 vector with lane pair (2j, 2j+1) of each 128-bit half broadcast to all 8 int16 of that half.
-static inline __m256i bcast16(__m256i v, int j) {
-  const char a = (char)(2 * j), b = (char)(2 * j + 1);
-  return _mm256_shuffle_epi8(v, _mm256_setr_epi8(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b,
-                                                 a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b));
-}
-
-static inline void dec_k_scales(const uint8_t* scales, KBlock& k) {
-  uint8_t sm[16];  // sc[0..7], m[0..7]
-  k4_scales(scales, sm, sm + 8);
-  const __m128i v = _mm_loadu_si128((const __m128i*)sm);
-  const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(v, v));  // sc[0..7] in both halves
-  for (int j = 0; j < 8; j++) k.sc[j] = bcast16(sc, j);
-  k.mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));  // m0 m0 m1 m1 … m7 m7
-}
-
-static inline void dec_q4_K(const block_q4_K& b, KBlock& k) {
-  dec_k_scales(b.scales, k);
-  const __m256i lo = _mm256_set1_epi8(0x0F);
-  for (int j = 0; j < 4; j++) {
-    const __m256i bits = load256(b.qs + 32 * j);
-    k.q[2 * j] = _mm256_and_si256(bits, lo);
-    k.q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), lo);
-  }
-  k.d = h2f(b.d);
-  k.dmin = h2f(b.dmin);
-}
-
-static inline void dec_q5_K(const block_q5_K& b, KBlock& k) {
-  dec_k_scales(b.scales, k);
-  const __m256i lo = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1), hb = load256(b.qh);
-  for (int j = 0; j < 4; j++) {
-    const __m256i bits = load256(b.qs + 32 * j);
-    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one);
-    const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one);
-    k.q[2 * j] = _mm256_or_si256(_mm256_and_si256(bits, lo), _mm256_slli_epi16(h0, 4));
-    k.q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), lo), _mm256_slli_epi16(h1, 4));
-  }
-  k.d = h2f(b.d);
-  k.dmin = h2f(b.dmin);
-}
-
-// Q6_K codes kept unsigned (0..63); the −32 offset is taken off via bsums: Σ sc_g·(Σ u·a − 32·bsum_g).
-static inline void dec_q6_K(const block_q6_K& b, KBlock& k) {
-  const __m256i lo = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-  for (int h = 0; h < 2; h++) {
-    const __m256i l0 = load256(b.ql + 64 * h), l1 = load256(b.ql + 64 * h + 32), hb = load256(b.qh + 32 * h);
-    const __m256i lows[4] = {_mm256_and_si256(l0, lo), _mm256_and_si256(l1, lo),
-                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), lo), _mm256_and_si256(_mm256_srli_epi16(l1, 4), lo)};
-    for (int t = 0; t < 4; t++) {
-      const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * t), m3), 4);
-      k.q[4 * h + t] = _mm256_or_si256(lows[t], hi);
-    }
-  }
-  k.mins = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)b.scales));
-  // vector v spans scale groups 2v, 2v+1: s[2v] in the low half, s[2v+1] in the high half
-  const __m256i lo8 = _mm256_permute4x64_epi64(k.mins, 0x44), hi8 = _mm256_permute4x64_epi64(k.mins, 0xEE);
-  const __m256i sel = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                       2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-  for (int v = 0; v < 8; v++)
-    k.sc[v] = _mm256_shuffle_epi8(v < 4 ? lo8 : hi8, _mm256_add_epi8(sel, _mm256_set1_epi8((char)(4 * (v & 3)))));
-  k.d = h2f(b.d);
-}
-
-static inline const block_q8_K* actK(const uint8_t* act, size_t stride, int c) {
-  return (const block_q8_K*)(act + c * stride);
-}
-
-static inline __m256i k_sumi(const KBlock& k, const block_q8_K& a) {
-  __m256i s = _mm256_setzero_si256();
-  for (int j = 0; j < 8; j++) s = dp2(s, _mm256_maddubs_epi16(k.q[j], load256(a.qs + 32 * j)), k.sc[j]);
-  return s;
-}
-
-template <class B, void (*Dec)(const B&, KBlock&), int NC>
-static void k_kmin(int64_t n, const void* vw, const uint8_t* act, size_t stride, float* out) {
-  const B* w = (const B*)vw;
-  __m256 acc[NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-  KBlock k;
-  for (int64_t i = 0; i < n / QK_K; i++) {
-    Dec(w[i], k);
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K& a = actK(act, stride, c)[i];
-      const __m256i summ = _mm256_madd_epi16(k.mins, load256(a.bsums));
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(k.d * a.d), _mm256_cvtepi32_ps(k_sumi(k, a)), acc[c]);
-      acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(k.dmin * a.d), _mm256_cvtepi32_ps(summ), acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; c++) out[c] = hsum8(acc[c]);
-}
-
-template <int NC>
-static void k_q6_K(int64_t n, const void* vw, const uint8_t* act, size_t stride, float* out) {
-  const block_q6_K* w = (const block_q6_K*)vw;
-  __m256 acc[NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-  KBlock k;
-  for (int64_t i = 0; i < n / QK_K; i++) {
-    dec_q6_K(w[i], k);
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K& a = actK(act, stride, c)[i];
-      const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(k.mins, load256(a.bsums)), 5);
-      const __m256i sumi = _mm256_sub_epi32(k_sumi(k, a), off);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(k.d * a.d), _mm256_cvtepi32_ps(sumi), acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; c++) out[c] = hsum8(acc[c]);
 }
 
 // ---- float weights against float activations: 32 elements per step in 4 fma chains, scalar fma tail.
@@ -659,8 +518,6 @@ static void k_float(int64_t n, const void* vw, const uint8_t* act, size_t stride
 
 using DeqFn = void (*)(const void*, float*, int64_t);
 using RefFn = float (*)(int64_t, const void*, const void*);
-using ColsFn = void (*)(int64_t, const void*, const uint8_t*, size_t, int, float*);  // 1 ≤ nc ≤ 8
-
 // A tile: nrows weight rows (row_bytes apart) × nc ≤ 8 activation rows, out[c · os + r]; the column
 // count is dispatched once per tile rather than once per row.
 using TileFn = void (*)(int64_t, const uint8_t*, size_t, int64_t, const uint8_t*, size_t, int, float*, size_t);
@@ -669,23 +526,8 @@ struct Kernels {
   TypeTraits tt;
   DeqFn deq;
   RefFn ref;
-  ColsFn cols;  // nullptr: no SIMD kernel, the reference is used
-  TileFn tile;
+  TileFn tile;  // nullptr: no per-row SIMD kernel, the reference is used
 };
-
-#define PS_COLS(...)                                                                            \
-  [](int64_t n, const void* w, const uint8_t* a, size_t s, int nc, float* o) {                 \
-    switch (nc) {                                                                              \
-      case 1: __VA_ARGS__<1>(n, w, a, s, o); break;                                            \
-      case 2: __VA_ARGS__<2>(n, w, a, s, o); break;                                            \
-      case 3: __VA_ARGS__<3>(n, w, a, s, o); break;                                            \
-      case 4: __VA_ARGS__<4>(n, w, a, s, o); break;                                            \
-      case 5: __VA_ARGS__<5>(n, w, a, s, o); break;                                            \
-      case 6: __VA_ARGS__<6>(n, w, a, s, o); break;                                            \
-      case 7: __VA_ARGS__<7>(n, w, a, s, o); break;                                            \
-      default: __VA_ARGS__<8>(n, w, a, s, o); break;                                           \
-    }                                                                                          \
-  }
 
 #define PS_TILE_CASE(K, NC)                                                                     \
   case NC:                                                                                     \
@@ -707,30 +549,25 @@ struct Kernels {
 template <int NC> static void k_f32(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_float<float, ld8_f32, cvt_f32, NC>(n, w, a, s, o); }
 template <int NC> static void k_f16(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_float<uint16_t, ld8_f16, h2f, NC>(n, w, a, s, o); }
 template <int NC> static void k_bf16(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_float<uint16_t, ld8_bf16, bf16_to_fp32, NC>(n, w, a, s, o); }
-template <int NC> static void k_q4_0(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_sym<block_q4_0, dec_q4_0, NC>(n, w, a, s, o); }
-template <int NC> static void k_q5_0(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_sym<block_q5_0, dec_q5_0, NC>(n, w, a, s, o); }
-template <int NC> static void k_q8_0(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_sym<block_q8_0, dec_q8_0, NC>(n, w, a, s, o); }
 template <int NC> static void k_q4_1(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_asym<block_q4_1, dec_q4_1, NC>(n, w, a, s, o); }
 template <int NC> static void k_q5_1(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_asym<block_q5_1, dec_q5_1, NC>(n, w, a, s, o); }
-template <int NC> static void k_q4_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_kmin<block_q4_K, dec_q4_K, NC>(n, w, a, s, o); }
-template <int NC> static void k_q5_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_kmin<block_q5_K, dec_q5_K, NC>(n, w, a, s, o); }
-#define PS_SIMD(k) PS_COLS(k), PS_TILE(k)
+#define PS_SIMD(k) PS_TILE(k)
 #else
-#define PS_SIMD(k) nullptr, nullptr
+#define PS_SIMD(k) nullptr
 #endif
 
 // Constant-initialized: no static-init guard on the hot path.
 static constexpr Kernels kt_f32{{"F32", 1, 4, ActFormat::F32}, deq_f32, ref_float<float, cvt_f32>, PS_SIMD(k_f32)};
 static constexpr Kernels kt_f16{{"F16", 1, 2, ActFormat::F32}, deq_f16, ref_float<uint16_t, h2f>, PS_SIMD(k_f16)};
 static constexpr Kernels kt_bf16{{"BF16", 1, 2, ActFormat::F32}, deq_bf16, ref_float<uint16_t, bf16_to_fp32>, PS_SIMD(k_bf16)};
-static constexpr Kernels kt_q4_0{{"Q4_0", QK, sizeof(block_q4_0), ActFormat::Q8_32}, deq_q4_0, ref_legacy<block_q4_0, codes_q4_0, false>, PS_SIMD(k_q4_0)};
+static constexpr Kernels kt_q4_0{{"Q4_0", QK, sizeof(block_q4_0), ActFormat::Q8_32}, deq_q4_0, ref_legacy<block_q4_0, codes_q4_0, false>, nullptr};
 static constexpr Kernels kt_q4_1{{"Q4_1", QK, sizeof(block_q4_1), ActFormat::Q8_32}, deq_q4_1, ref_legacy<block_q4_1, codes_q4_1, true>, PS_SIMD(k_q4_1)};
-static constexpr Kernels kt_q5_0{{"Q5_0", QK, sizeof(block_q5_0), ActFormat::Q8_32}, deq_q5_0, ref_legacy<block_q5_0, codes_q5_0, false>, PS_SIMD(k_q5_0)};
+static constexpr Kernels kt_q5_0{{"Q5_0", QK, sizeof(block_q5_0), ActFormat::Q8_32}, deq_q5_0, ref_legacy<block_q5_0, codes_q5_0, false>, nullptr};
 static constexpr Kernels kt_q5_1{{"Q5_1", QK, sizeof(block_q5_1), ActFormat::Q8_32}, deq_q5_1, ref_legacy<block_q5_1, codes_q5_1, true>, PS_SIMD(k_q5_1)};
-static constexpr Kernels kt_q8_0{{"Q8_0", QK, sizeof(block_q8_0), ActFormat::Q8_32}, deq_q8_0, ref_legacy<block_q8_0, codes_q8_0, false>, PS_SIMD(k_q8_0)};
-static constexpr Kernels kt_q4_K{{"Q4_K", QK_K, sizeof(block_q4_K), ActFormat::Q8_K}, deq_k_min<block_q4_K, codes_q4_K>, ref_k_min<block_q4_K, codes_q4_K>, PS_SIMD(k_q4_K)};
-static constexpr Kernels kt_q5_K{{"Q5_K", QK_K, sizeof(block_q5_K), ActFormat::Q8_K}, deq_k_min<block_q5_K, codes_q5_K>, ref_k_min<block_q5_K, codes_q5_K>, PS_SIMD(k_q5_K)};
-static constexpr Kernels kt_q6_K{{"Q6_K", QK_K, sizeof(block_q6_K), ActFormat::Q8_K}, deq_q6_K, ref_q6_K, PS_SIMD(k_q6_K)};
+static constexpr Kernels kt_q8_0{{"Q8_0", QK, sizeof(block_q8_0), ActFormat::Q8_32}, deq_q8_0, ref_legacy<block_q8_0, codes_q8_0, false>, nullptr};
+static constexpr Kernels kt_q4_K{{"Q4_K", QK_K, sizeof(block_q4_K), ActFormat::Q8_K}, deq_k_min<block_q4_K, codes_q4_K>, ref_k_min<block_q4_K, codes_q4_K>, nullptr};
+static constexpr Kernels kt_q5_K{{"Q5_K", QK_K, sizeof(block_q5_K), ActFormat::Q8_K}, deq_k_min<block_q5_K, codes_q5_K>, ref_k_min<block_q5_K, codes_q5_K>, nullptr};
+static constexpr Kernels kt_q6_K{{"Q6_K", QK_K, sizeof(block_q6_K), ActFormat::Q8_K}, deq_q6_K, ref_q6_K, nullptr};
 
 static const Kernels* kernels(uint32_t type) {
   switch ((GGMLType)type) {
@@ -793,25 +630,6 @@ void quantize_act_row(ActFormat f, const float* x, void* dst, int64_t n) {
 
 float vec_dot_ref(GGMLType t, int64_t n, const void* w_row, const void* act_row) {
   return kernels_or_throw(t).ref(n, w_row, act_row);
-}
-
-float vec_dot(GGMLType t, int64_t n, const void* w_row, const void* act_row) {
-  const Kernels& k = kernels_or_throw(t);
-  if (!k.cols) return k.ref(n, w_row, act_row);
-  float out;
-  k.cols(n, w_row, (const uint8_t*)act_row, 0, 1, &out);
-  return out;
-}
-
-void vec_dot_cols(GGMLType t, int64_t n, const void* w_row, const void* act, size_t act_stride, int ncols,
-                  float* out) {
-  const Kernels& k = kernels_or_throw(t);
-  const uint8_t* a = (const uint8_t*)act;
-  if (!k.cols) {
-    for (int c = 0; c < ncols; c++) out[c] = k.ref(n, w_row, a + c * act_stride);
-    return;
-  }
-  for (int c = 0; c < ncols; c += 8) k.cols(n, w_row, a + c * act_stride, act_stride, std::min(8, ncols - c), out + c);
 }
 
 void vec_dot_tile(GGMLType t, int64_t n, const void* w, size_t row_bytes, int64_t nrows, const void* act,

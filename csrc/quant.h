@@ -1,10 +1,12 @@
 // quant: GGML tensor types, their block layouts, dequantization, activation quantization and the
 // dot products that the matrix multiplications are built from.
 //
-// Every dot product has a scalar reference twin (`*_ref`); the SIMD path (AVX2 / AVX-512 / NEON, chosen
-// at compile time from the compiler's macros) must agree with it within the tolerance tests/test_quant.py
-// states. Integer sums inside a block are exact; the float accumulation across blocks is done in one fixed
-// order per kernel, so a result never depends on how many columns are computed together (batch invariance).
+// Every type has a scalar reference dot product (`vec_dot_ref`). Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K get
+// their SIMD path from packed.h (bit-identical to the reference); the other types have per-row AVX2 /
+// AVX-512 kernels here (vec_dot_tile), chosen at compile time from the compiler's macros, which agree with
+// the reference within the tolerance tests/test_quant.py states. Integer sums inside a block are exact; the
+// float accumulation across blocks is done in one fixed order per kernel, so a result never depends on how
+// many columns are computed together (batch invariance).
 #pragma once
 
 #include <cstddef>
@@ -84,17 +86,12 @@ struct KBlockCodes {
 void k_block_codes(GGMLType t, const void* block, KBlockCodes& out);
 
 // Dot product of one weight row (type t, n elements) with one activation row already in
-// type_traits(t)->act format. `vec_dot` takes the SIMD path where compiled in, `vec_dot_ref` is scalar.
-float vec_dot(GGMLType t, int64_t n, const void* w_row, const void* act_row);
+// type_traits(t)->act format; scalar.
 float vec_dot_ref(GGMLType t, int64_t n, const void* w_row, const void* act_row);
 
-// The same dot product for ncols activation rows at once (act + c * act_stride bytes), one weight row
-// decoded once: out[c] is bit-identical to vec_dot(t, n, w_row, act + c * act_stride).
-void vec_dot_cols(GGMLType t, int64_t n, const void* w_row, const void* act, size_t act_stride, int ncols,
-                  float* out);
-
-// A tile of products for the matmul: nrows weight rows (w + r · row_bytes) × ncols activation rows;
-// out[c · out_stride + r] is bit-identical to vec_dot(t, n, w + r · row_bytes, act + c · act_stride).
+// A tile of products for the matmul: nrows weight rows (w + r · row_bytes) × ncols activation rows (act +
+// c · act_stride) into out[c · out_stride + r], through the type's per-row SIMD kernel where this build has
+// one, else through vec_dot_ref. A product's bits do not depend on nrows, ncols or where it sits in the tile.
 void vec_dot_tile(GGMLType t, int64_t n, const void* w, size_t row_bytes, int64_t nrows, const void* act,
                   size_t act_stride, int ncols, float* out, size_t out_stride);
 

@@ -308,8 +308,21 @@ template <class T>
   throw std::invalid_argument(s.str());
 }
 
-void validate(const SamplingConfig& c, int n_vocab) {
-  if (n_vocab <= 0) bad("n_vocab", "> 0", n_vocab);
+// logsumexp given max(logits) = mx.
+float logsumexp_at(const float* logits, int n, float mx) {
+  if (!(mx > -kInf) || mx == kInf) return mx;
+  return mx + (float)std::log(sum_exp(logits, n, mx, 1.0f, nullptr));
+}
+
+}  // namespace
+
+void check_token_id(const char* field, int64_t id, int n_vocab) {
+  if (id < 0 || id >= n_vocab)
+    throw std::invalid_argument(std::string(field) + ": token id " + std::to_string(id) +
+                                " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+}
+
+void check_sampling(const SamplingConfig& c) {
   if (!(c.temperature >= 0.0f) || std::isinf(c.temperature)) bad("temperature", ">= 0 and finite", c.temperature);
   if (c.top_k < -1) bad("top_k", "-1 or 0 (off) or >= 1", c.top_k);
   if (!(c.top_p > 0.0f && c.top_p <= 1.0f)) bad("top_p", "in (0, 1]", c.top_p);
@@ -320,21 +333,16 @@ void validate(const SamplingConfig& c, int n_vocab) {
     bad("presence_penalty", "in [-2, 2]", c.presence_penalty);
   if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
     bad("frequency_penalty", "in [-2, 2]", c.frequency_penalty);
-  if (c.logprobs > n_vocab) bad("logprobs", ("<= n_vocab (" + std::to_string(n_vocab) + ")").c_str(), c.logprobs);
-  for (const auto& [id, bias] : c.logit_bias) {
-    if (id < 0 || id >= n_vocab)
-      bad("logit_bias token id", ("in [0, n_vocab=" + std::to_string(n_vocab) + ")").c_str(), id);
+  for (const auto& [id, bias] : c.logit_bias)
     if (std::isnan(bias) || bias == kInf) bad("logit_bias value", "finite or -inf", bias);
-  }
 }
 
-// logsumexp given max(logits) = mx.
-float logsumexp_at(const float* logits, int n, float mx) {
-  if (!(mx > -kInf) || mx == kInf) return mx;
-  return mx + (float)std::log(sum_exp(logits, n, mx, 1.0f, nullptr));
+void check_sampling(const SamplingConfig& c, int n_vocab) {
+  if (n_vocab <= 0) bad("n_vocab", "> 0", n_vocab);
+  check_sampling(c);
+  if (c.logprobs > n_vocab) bad("logprobs", ("<= n_vocab (" + std::to_string(n_vocab) + ")").c_str(), c.logprobs);
+  for (const auto& [id, bias] : c.logit_bias) check_token_id("logit_bias", id, n_vocab);
 }
-
-}  // namespace
 
 float logsumexp(const float* logits, int n) { return n > 0 ? logsumexp_at(logits, n, argmax(logits, n).value) : -kInf; }
 
@@ -357,13 +365,12 @@ void Sampler::above2(const float* w, int n, float t1, float t2, Above& a1, Above
 }
 
 Sampler::Sampler(const SamplingConfig& cfg, int n_vocab) : cfg_(cfg), n_vocab_(n_vocab) {
-  validate(cfg, n_vocab);
+  check_sampling(cfg, n_vocab);
   rng_.seed(cfg.seed >= 0 ? (uint64_t)cfg.seed : random_seed());
 }
 
 void Sampler::set_prompt(const std::vector<int32_t>& prompt) {
-  for (int32_t id : prompt)
-    if (id < 0 || id >= n_vocab_) bad("prompt token id", ("in [0, " + std::to_string(n_vocab_) + ")").c_str(), id);
+  for (int32_t id : prompt) check_token_id("prompt", id, n_vocab_);
   for (int32_t id : prompt_ids_) in_prompt_[id] = 0;
   prompt_ids_.clear();
   if (cfg_.repetition_penalty == 1.0f) return;  // nothing else looks at the prompt

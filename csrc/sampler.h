@@ -36,12 +36,13 @@ struct SampleResult {
 
 class Sampler {
  public:
-  // Throws std::invalid_argument on a parameter out of range or a logit_bias id outside [0, n_vocab).
+  // Throws std::invalid_argument as check_sampling(cfg, n_vocab).
   Sampler(const SamplingConfig& cfg, int n_vocab);
 
-  // Prompt tokens, for the repetition penalty.
+  // Prompt tokens, for the repetition penalty; throws as check_token_id("prompt", …).
   void set_prompt(const std::vector<int32_t>& prompt);
-  // Picks the next token from logits[n_vocab] (not modified) and records it as an output token.
+  // Picks the next token from logits[n_vocab] (not modified) and records it as an output token. The token
+  // is an id in [0, n_vocab) whatever the logits hold (NaN and ±inf too): the forward pass relies on it.
   SampleResult sample(const float* logits);
 
  private:
@@ -89,6 +90,15 @@ class Sampler {
   std::vector<float> scratch_;                      // for top_ids
   std::vector<double> blocks_;                      // kept weight per block of work_, for the draw
 };
+
+// The rules of the sampling parameters that need no model (ranges, logit_bias values). Throws
+// std::invalid_argument whose message starts with the parameter's name ("top_p must be in (0, 1], got 2").
+void check_sampling(const SamplingConfig& c);
+// The same, plus the rules against a vocabulary of n_vocab ids: logit_bias ids, logprobs <= n_vocab.
+void check_sampling(const SamplingConfig& c, int n_vocab);
+// Throws std::invalid_argument "<field>: token id <id> is outside the vocabulary [0, n_vocab)" unless
+// 0 <= id < n_vocab.
+void check_token_id(const char* field, int64_t id, int n_vocab);
 
 // Log-softmax helpers, exposed for tests: logsumexp of logits[n].
 float logsumexp(const float* logits, int n);

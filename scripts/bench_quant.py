@@ -1,5 +1,7 @@
-"""Micro-benchmark of the quant dot-product kernels: ns per row-dot (ref vs simd vs vec_dot_cols), and the
-packed matmul kernels (packed.h) against the per-row tiles they replaced, in GMAC/s per thread.
+"""Micro-benchmark of the dot-product kernels the engine's matmul runs: ns per row-dot of the scalar
+reference and of the engine's path (the packed kernels of packed.h for Q4_0 … Q6_K, quant.cpp's per-row
+kernels for the other types) at 1 and 32 columns, then the packed matmul in GMAC/s per thread at 1 / 8 /
+16 columns against the scalar reference, and one packed matrix-vector product streamed from memory.
 
 The Python bindings quantize the activation on every call, which would swamp a 100 ns kernel, so this
 script compiles a small C++ driver against csrc/quant.cpp (same flags as the engine: -O3 -march=native)
@@ -16,9 +18,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = r"""
 #include "packed.h"
 #include "quant.h"
+#include "simd.h"
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 using namespace pyserve;
@@ -62,6 +66,36 @@ template <class F> static double time_ns(F f, double min_s = 0.15) {
   return best;
 }
 
+// The engine's path for rows of type t: the packed kernels when t is packable, vec_dot_tile otherwise.
+struct Rows {
+  GGMLType t;
+  int64_t n, rows;
+  size_t rs, as;
+  std::vector<uint8_t> raw;
+  std::unique_ptr<PackedWeight> packed;  // null: not packable
+  Rows(GGMLType t_, int64_t n_, int64_t rows_) : t(t_), n(n_), rows(rows_), rs(row_size(t_, n_)),
+      as(act_row_size(type_traits((uint32_t)t_)->act, n_)), raw(rand_rows(t_, n_, (int)rows_)) {
+    if (packable(t)) packed = pack_weight(t, raw.data(), rs, rows, n);
+  }
+  void product(const uint8_t* act, int T, float* out) const {  // out[c · rows + r]
+    if (packed) return packed_tile(*packed, 0, rows / 8, act, as, T, out, rows);
+    for (int c0 = 0; c0 < T; c0 += 8)
+      vec_dot_tile(t, n, raw.data(), rs, rows, act + c0 * as, as, std::min(8, T - c0), out + c0 * rows, rows);
+  }
+  void reference(const uint8_t* act, int T, float* out) const {
+    for (int c = 0; c < T; c++)
+      for (int64_t r = 0; r < rows; r++) out[c * rows + r] = vec_dot_ref(t, n, raw.data() + r * rs, act + c * as);
+  }
+  std::vector<uint8_t> activations(int T) const {
+    std::vector<float> x(n * T);
+    std::normal_distribution<float> g;
+    for (auto& f : x) f = g(rng);
+    std::vector<uint8_t> act(as * T);
+    for (int c = 0; c < T; c++) quantize_act_row(type_traits((uint32_t)t)->act, x.data() + c * n, act.data() + c * as, n);
+    return act;
+  }
+};
+
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
   const double ms = quick ? 0.03 : 0.15;
@@ -72,65 +106,54 @@ int main(int argc, char** argv) {
                      {GGMLType::F32, "F32"}};
   const int ROWS = 32, COLS = 32;  // weights stay in L2: compute-bound figures
   volatile float sink = 0;
-  std::printf("ns per row-dot (%d rows in cache; cols = vec_dot_cols over %d activation rows)\n", ROWS, COLS);
-  std::printf("%-5s %5s %9s %9s %9s %7s %9s\n", "type", "n", "ref", "simd", "cols", "x(ref)", "GMAC/s");
+  std::printf("ns per row-dot, %d rows in cache: the scalar reference, and the engine's path (packed: packed.h; "
+              "rows: per-row kernels) at 1 and %d activation columns\n", ROWS, COLS);
+  std::printf("%-5s %5s %6s %9s %9s %9s %7s %9s\n", "type", "n", "path", "ref", "1 col", "32 cols", "x(ref)", "GMAC/s");
   for (const T& ty : types) {
-    const TypeTraits* tt = type_traits((uint32_t)ty.t);
     for (int64_t n : {640, 1024, 2048}) {
-      if (n % tt->block_size) continue;
-      auto w = rand_rows(ty.t, n, ROWS);
-      size_t rs = row_size(ty.t, n), as = act_row_size(tt->act, n);
-      std::vector<float> x(n * COLS);
-      std::normal_distribution<float> g;
-      for (auto& f : x) f = g(rng);
-      std::vector<uint8_t> act(as * COLS);
-      for (int c = 0; c < COLS; c++) quantize_act_row(tt->act, x.data() + c * n, act.data() + c * as, n);
-      std::vector<float> out(COLS);
-      double r = time_ns([&] { float s = 0; for (int i = 0; i < ROWS; i++) s += vec_dot_ref(ty.t, n, w.data() + i * rs, act.data()); sink = s; }, ms) / ROWS;
-      double s = time_ns([&] { float a = 0; for (int i = 0; i < ROWS; i++) a += vec_dot(ty.t, n, w.data() + i * rs, act.data()); sink = a; }, ms) / ROWS;
-      double c = time_ns([&] { for (int i = 0; i < ROWS; i++) vec_dot_cols(ty.t, n, w.data() + i * rs, act.data(), as, COLS, out.data()); sink = out[0]; }, ms) / (ROWS * COLS);
-      std::printf("%-5s %5lld %9.1f %9.1f %9.1f %7.1f %9.1f\n", ty.name, (long long)n, r, s, c, r / c, n / c);
+      if (n % type_traits((uint32_t)ty.t)->block_size) continue;
+      const Rows w(ty.t, n, ROWS);
+      const auto act = w.activations(COLS);
+      std::vector<float> out(ROWS * COLS);
+      double r = time_ns([&] { w.reference(act.data(), 1, out.data()); sink = out[0]; }, ms) / ROWS;
+      double s = time_ns([&] { w.product(act.data(), 1, out.data()); sink = out[0]; }, ms) / ROWS;
+      double c = time_ns([&] { w.product(act.data(), COLS, out.data()); sink = out[0]; }, ms) / (ROWS * COLS);
+      const char* path = w.packed ? "packed" : PS_AVX2 ? "rows" : "ref";
+      std::printf("%-5s %5lld %6s %9.1f %9.1f %9.1f %7.1f %9.1f\n", ty.name, (long long)n, path, r, s, c, r / c, n / c);
     }
   }
-  // Packed groups of 8 rows vs the per-row tiles (vec_dot_tile, 8 columns per call), same rows and columns.
-  std::printf("\nmatmul GMAC/s, 1 thread: per-row tiles vs packed (n = 2048 for K-quants, else 640)\n");
-  std::printf("%-5s %7s %4s %9s %9s %7s\n", "type", "rows", "T", "tiles", "packed", "x");
+  // The packed matmul at decode (T = 1) and batched (8, 16 columns) shapes, against the scalar reference
+  // (timed on 256 rows only: it is linear in rows and columns).
+  std::printf("\nmatmul GMAC/s, 1 thread: scalar reference vs packed (n = 2048 for K-quants, else 640)\n");
+  std::printf("%-5s %7s %4s %9s %9s %7s\n", "type", "rows", "T", "ref", "packed", "x(ref)");
   for (GGMLType t : {GGMLType::Q8_0, GGMLType::Q5_0, GGMLType::Q4_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K}) {
-    const TypeTraits* tt = type_traits((uint32_t)t);
-    const int64_t n = tt->block_size == QK_K ? 2048 : 640;
+    if (!packable(t)) break;  // a scalar build
+    const int64_t n = type_traits((uint32_t)t)->block_size == QK_K ? 2048 : 640;
+    double ref_gmacs = 0;
     for (int64_t rows : {(int64_t)256, (int64_t)(quick ? 8192 : 65536)}) {
-      auto w = rand_rows(t, n, (int)rows);
-      const size_t rs = row_size(t, n), as = act_row_size(tt->act, n);
-      auto p = pack_weight(t, w.data(), rs, rows, n);
+      const Rows w(t, n, rows);
       for (int T : {1, 8, 16}) {
-        std::vector<float> x(n * T);
-        std::normal_distribution<float> g;
-        for (auto& f : x) f = g(rng);
-        std::vector<uint8_t> act(as * T);
-        for (int c = 0; c < T; c++) quantize_act_row(tt->act, x.data() + c * n, act.data() + c * as, n);
+        const auto act = w.activations(T);
         std::vector<float> out(rows * T);
         const double macs = (double)rows * n * T, tm = rows > 256 ? 0.5 : ms;
-        double a = time_ns([&] {
-          for (int c0 = 0; c0 < T; c0 += 8)
-            vec_dot_tile(t, n, w.data(), rs, rows, act.data() + c0 * as, as, std::min(8, T - c0), out.data() + c0 * rows, rows);
-          sink = out[0]; }, tm);
-        double b = time_ns([&] { packed_tile(*p, 0, rows / 8, act.data(), as, T, out.data(), rows); sink = out[0]; }, tm);
-        std::printf("%-5s %7lld %4d %9.1f %9.1f %7.2f\n", tt->name, (long long)rows, T, macs / a, macs / b, a / b);
+        if (rows == 256 && T == 1)
+          ref_gmacs = macs / time_ns([&] { w.reference(act.data(), T, out.data()); sink = out[0]; }, tm);
+        const double b = macs / time_ns([&] { w.product(act.data(), T, out.data()); sink = out[0]; }, tm);
+        std::printf("%-5s %7lld %4d %9.1f %9.1f %7.1f\n", type_traits((uint32_t)t)->name, (long long)rows, T,
+                    ref_gmacs, b, b / ref_gmacs);
       }
     }
   }
-  // Decode shape: the whole Q8_0 output matrix (262144 x 640, 178 MB) streamed from memory per token.
-  {
+  // Decode shape: the whole packed Q8_0 output matrix (262144 x 640, 178 MB) streamed from memory per token.
+  if (packable(GGMLType::Q8_0)) {
     const int64_t n = 640, rows = quick ? 32768 : 262144;
-    auto w = rand_rows(GGMLType::Q8_0, n, (int)rows);
-    size_t rs = row_size(GGMLType::Q8_0, n);
-    std::vector<float> x(n, 0.5f);
-    std::vector<uint8_t> act(act_row_size(ActFormat::Q8_32, n));
-    quantize_act_row(ActFormat::Q8_32, x.data(), act.data(), n);
+    Rows w(GGMLType::Q8_0, n, rows);
+    std::vector<uint8_t>().swap(w.raw);  // the engine hands the file's pages back once packed
+    const auto act = w.activations(1);
     std::vector<float> out(rows);
-    double t = time_ns([&] { for (int64_t i = 0; i < rows; i++) out[i] = vec_dot(GGMLType::Q8_0, n, w.data() + i * rs, act.data()); }, 1.0);
-    std::printf("\nQ8_0 %lldx%lld matrix-vector (1 thread, from DRAM): %.2f ms, %.1f ns/row, %.1f GB/s\n",
-                (long long)rows, (long long)n, t / 1e6, t / rows, rows * rs / t);
+    double t = time_ns([&] { w.product(act.data(), 1, out.data()); sink = out[0]; }, 1.0);
+    std::printf("\nQ8_0 %lldx%lld packed matrix-vector (1 thread, from DRAM): %.2f ms, %.1f ns/row, %.1f GB/s\n",
+                (long long)rows, (long long)n, t / 1e6, t / rows, rows * w.rs / t);
   }
   return (int)sink * 0;
 }

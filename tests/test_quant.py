@@ -1,5 +1,10 @@
-"""Quant kernels: dequantizers against the gguf package, SIMD dot products against their scalar twins,
-the scalar twins against float math, vec_dot_cols against vec_dot (bit for bit), activation quantization.
+"""Quant kernels: dequantizers against the gguf package, the engine's SIMD dot products against their scalar
+twins, the scalar twins against float math, vec_dot_cols / vec_dot_tile against vec_dot (bit for bit),
+activation quantization.
+
+"simd" is the path the engine's matmul runs for the type: the packed kernels (packed.h) for Q4_0, Q5_0,
+Q8_0, Q4_K, Q5_K and Q6_K in an AVX2 build (the bindings put a lone row in a group of 8 with zero rows),
+the per-row kernels of quant.cpp for the other types, the scalar reference in a scalar build.
 
 Tolerances (why they hold):
   * dequantize: bit-identical to gguf.quants.dequantize (every scale·code product is exact in float32).

@@ -33,16 +33,11 @@ class SamplingParams:
         self._check()
 
     def _check(self) -> None:
+        """The sampler's rules are the engine's (_engine.check_sampling); n and max_tokens are checked where
+        the engine takes the request (they depend on its limits); what only this layer uses is checked here."""
+        from pyserve import _engine  # here, not at import: `import pyserve` does not load the extension
+
         checks = [
-            ("n", self.n >= 1, "must be at least 1"),
-            ("temperature", 0.0 <= self.temperature <= 100.0, "must be in [0, 100]"),
-            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
-            ("top_k", self.top_k >= -1, "must be -1, 0 (off) or positive"),
-            ("min_p", 0.0 <= self.min_p <= 1.0, "must be in [0, 1]"),
-            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
-            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 2.0, "must be in (0, 2]"),
-            ("max_tokens", self.max_tokens >= 1, "must be at least 1"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be in [0, {MAX_LOGPROBS}]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
@@ -50,6 +45,7 @@ class SamplingParams:
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        _engine.check_sampling(self.engine_sampling())
 
     def engine_sampling(self, index: int = 0) -> dict:
         """The C++ sampler's parameters for the index-th of n samples (each gets its own seed)."""
