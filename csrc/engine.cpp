@@ -85,7 +85,7 @@ void Engine::add(Request req) {
   } else {
     for (int i = 0; i < req.n; i++) {
       SamplingConfig c = req.sampling;
-      if (c.seed >= 0) c.seed += i;
+      if (c.seed >= 0) c.seed = (int64_t)(((uint64_t)c.seed + (uint64_t)i) & INT64_MAX);  // seed + i, wrapped in [0, 2^63)
       seq->fork_samplers.push_back(std::make_unique<Sampler>(c, hp.n_vocab));
       seq->fork_samplers.back()->set_prompt(req.prompt);
       seq->pending_samples.push_back(i);

@@ -63,12 +63,11 @@ def _serve(args: argparse.Namespace) -> int:
                             stalled_client_timeout=args.stalled_client_timeout, n_threads=args.threads,
                             n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-                            max_num_batched_tokens=args.max_num_batched_tokens or 128))
+                            max_num_batched_tokens=args.max_num_batched_tokens or 128,
+                            trust_request_chat_template=args.trust_request_chat_template))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="pyserve", description="A local LLM server for GGUF models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _generate_parser(sub) -> None:
     gen = sub.add_parser("generate", help="one-shot generation from a prompt")
     _engine_args(gen)
     gen.add_argument("prompt")
@@ -76,12 +75,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_generate)
+
+
+def _serve_parser(sub) -> None:
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
     _engine_args(srv)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0: any free port (the ready line names it)")
     srv.add_argument("--served-model-name", default=None, help="the model name clients use (default: the file name)")
     srv.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template file")
+    srv.add_argument("--trust-request-chat-template", action="store_true",
+                     help="render a 'chat_template' sent in a request (with CPU and memory limits); refused "
+                          "with 400 otherwise")
+    _edge_args(srv)
+    srv.set_defaults(func=_serve)
+
+
+def _edge_args(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
                      help="require 'Authorization: Bearer KEY' (repeatable; also PYSERVE_API_KEY)")
     srv.add_argument("--api-key-file", default=None, metavar="FILE", help="API keys, one per line")
@@ -103,7 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      help="abort a stream whose client has not read for this many seconds (0: never)")
     srv.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
-    srv.set_defaults(func=_serve)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="pyserve", description="A local LLM server for GGUF models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    _serve_parser(sub)
     bench.add_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -224,7 +224,7 @@ async def test_bad_requests_raise_at_once_and_leave_nothing(llm):
                 ([2, 10**7], SamplingParams(max_tokens=4), "outside the vocabulary"),
                 ([2, -1], SamplingParams(max_tokens=4), "outside the vocabulary"),
                 ([], SamplingParams(max_tokens=4), "empty"),
-                ("hi", SamplingParams(n=2), "n must be 1"),
+                ("hi", SamplingParams(n=100), "n must be in"),  # n > 1 forks; more than max_num_seqs cannot run
             ]
             for prompt, params, match in bad:
                 agen = engine.generate(prompt, params, request_id="bad")
@@ -311,27 +311,27 @@ async def test_request_stream_merges_undelivered_deltas():
     from pyserve.engine.async_llm import RequestStream
     from pyserve.engine.output_processor import Delta
 
-    s = RequestStream("r", state=None)
-    s.push(Delta("a", [1], [{1: -0.1}]))
-    s.push(Delta("", [2], [{2: -0.2}]))  # a token with no text yet (a partial UTF-8 character)
-    s.push(Delta("bc", [3], [{3: -0.3}]))
-    d = await s.get()
+    s = RequestStream("r", [None])  # one sample (its text state is not used here)
+    s.push(0, Delta("a", [1], [{1: -0.1}]))
+    s.push(0, Delta("", [2], [{2: -0.2}]))  # a token with no text yet (a partial UTF-8 character)
+    s.push(0, Delta("bc", [3], [{3: -0.3}]))
+    [(_, d)] = await s.get()
     assert (d.text, d.token_ids, d.logprobs, d.finish_reason) == ("abc", [1, 2, 3], [{1: -0.1}, {2: -0.2}, {3: -0.3}], None)
     assert not s.closed and not s.finished
 
     async def late_push():
         await trio.sleep(0.01)
-        s.push(Delta("d", [4], None))
-        s.push(Delta("e", [], None, "length"))
+        s.push(0, Delta("d", [4], None))
+        s.push(0, Delta("e", [], None, "length"))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(late_push)
-        d = await s.get()  # parks until the router pushes
+        [(_, d)] = await s.get()  # parks until the router pushes
     assert (d.text, d.token_ids, d.logprobs, d.finish_reason) == ("de", [4], None, "length")
     assert s.closed and s.finished
 
     # a cancelled get() leaves the stream usable
     with trio.move_on_after(0.01):
         await s.get()
-    s.push(Delta("f", [5]))
-    assert (await s.get()).text == "f"
+    s.push(0, Delta("f", [5]))
+    assert (await s.get())[0][1].text == "f"

@@ -22,14 +22,21 @@ pytest.importorskip("schemathesis")
 KEY = "fuzz-key"
 
 
+def _integer_schemas(s):
+    """The integer schemas of a property: itself, or the branches of its anyOf (a nullable field)."""
+    if not isinstance(s, dict):
+        return []
+    return [x for x in [s, *s.get("anyOf", [])] if isinstance(x, dict) and x.get("type") == "integer"]
+
+
 def _cap(o):
     """max_tokens <= 4 and n <= 2 in every request schema, so generation stays short."""
     if isinstance(o, dict):
         for k in ("max_tokens", "max_completion_tokens"):
-            if isinstance(o.get(k), dict) and o[k].get("type") == "integer":
-                o[k]["maximum"] = 4
-        if isinstance(o.get("n"), dict) and o["n"].get("type") == "integer":
-            o["n"]["maximum"] = 2
+            for x in _integer_schemas(o.get(k)):
+                x["maximum"] = 4
+        for x in _integer_schemas(o.get("n")):
+            x["maximum"] = 2
         for v in o.values():
             _cap(v)
     elif isinstance(o, list):

@@ -17,7 +17,8 @@ import trio
 
 from pyserve.server.admission import AdmissionQueue, RateLimiter, TokenBucket
 from pyserve.server.auth import AccessConfig, load_keys, match_key
-from pyserve.openai.protocol import OpenAIError, check_vocab, parse_chat, parse_completion, parse_json
+from pyserve.openai.errors import OpenAIError, from_engine
+from pyserve.openai.protocol import parse_chat, parse_completion, parse_json
 from test_server import CHAT, MODEL, Server
 
 # ---- validation (unit) ----
@@ -108,16 +109,27 @@ def test_valid_requests_pass():
                                  {"role": "assistant", "content": None}, {"role": "tool", "content": "42"}],
                     "temperature": 2, "top_p": 1, "n": 16, "logprobs": True, "top_logprobs": 20,
                     "stop": ["a"] * 16, "logit_bias": {"5": -100, "7": 100}, "seed": -1})
-    assert r.n == 16 and r.params.logit_bias == {5: -100.0, 7: 100.0} and r.params.seed >= 0
-    check_vocab(r, 100)
+    params = r.to_sampling_params()
+    assert r.n == 16 and params.logit_bias == {5: -100.0, 7: 100.0} and params.seed >= 0
     r = parse_completion({"prompt": [[1, 2], [3]], "logprobs": 20, "stop": None, "max_tokens": None})
     assert len(r.prompts) == 2 and r.logprobs == 20
-    with pytest.raises(OpenAIError) as ei:
-        check_vocab(parse_completion({"prompt": "x", "logit_bias": {"262144": 1}}), 262144)
-    assert ei.value.param == "logit_bias"
-    with pytest.raises(OpenAIError) as ei:
-        check_vocab(parse_completion({"prompt": "x", "stop_token_ids": [-1]}), 10)
-    assert ei.value.param == "stop_token_ids"
+
+
+def test_vocabulary_checks_are_the_engines(llm):
+    """Token ids in logit_bias and stop_token_ids are checked by the engine (one rule, one place), and its
+    refusal names the field as OpenAI's `param`."""
+    n_vocab = llm.engine.hparams["n_vocab"]
+    for body, param in [({"prompt": "x", "logit_bias": {str(n_vocab): 1}}, "logit_bias"),
+                        ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+                        ({"prompt": [5, n_vocab]}, "prompt")]:
+        req = parse_completion(body)
+        ids = req.prompts[0] if isinstance(req.prompts[0], list) else [2, 5]
+        params = req.to_sampling_params(max_tokens=4)
+        with pytest.raises(ValueError) as ei:
+            llm.engine.check_request("r", ids, params.engine_sampling(0), 4, False, list(params.stop_token_ids))
+        err = from_engine(ei.value)
+        assert err.status == 400 and err.param == param, err.message
+    assert llm.engine.stats()["waiting"] == 0
 
 
 @pytest.mark.parametrize("data", [b"\xff\xfe{", b'{"prompt": "\xc3\x28"}', b"", b"   ", b"{not json",

@@ -11,6 +11,10 @@ the abort is a synchronous, thread-safe enqueue: no await. (A generator abandone
 consumer raised or was cancelled in its own code — is closed by trio's async-generator finalizer, which
 runs the same `finally`.)
 
+`n > 1` is one engine request: the prompt is prefilled once and forked into n samples sharing its KV blocks
+(the engine's copy-on-write fork); each sample has its own detokenizer and stop strings here, and its deltas
+carry `index`.
+
 Each `generate` call gets an engine-side id of its own (`<request_id>#<n>`), so a stale output of an
 earlier request with the same user id (say, the "abort" after a stop-string match) can never reach a
 newer stream.
@@ -42,32 +46,25 @@ class StreamOutput:
     logprobs_delta: Optional[list[dict[int, float]]] = None
     finish_reason: Optional[str] = None
     # engine timestamps (time.monotonic() seconds, 0 while unknown): the step that first scheduled the request,
-    # the forward passes that produced its first and its latest token
+    # the forward passes that produced this sample's first and its latest token
     scheduled_ts: float = 0.0
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
     cached_tokens: int = 0  # prompt tokens the prefix cache served
+    index: int = 0  # the sample (0 … n-1)
 
 
-class RequestStream:
-    """One request's channel from the router to its consumer; undelivered deltas merge.
+class _Sample:
+    """One sample's text state and its undelivered, merged delta."""
 
-    At most one task waits on a stream (its generator's), so a bare park/unpark stands in for trio.Event:
-    the hand-off is on every token's path."""
+    __slots__ = ("state", "pending", "texts", "closed", "first_token_ts", "last_token_ts")
 
-    __slots__ = ("request_id", "state", "pending", "finished", "closed", "_texts", "_waiter", "scheduled_ts",
-                 "first_token_ts", "last_token_ts", "cached_tokens")
-
-    def __init__(self, request_id: str, state: RequestState):
-        self.request_id = request_id
+    def __init__(self, state: RequestState):
         self.state = state
         self.pending: Optional[Delta] = None
-        self.finished = False  # the consumer has been handed the final delta
-        self.closed = False    # the final delta has been pushed: the router routes nothing more here
-        self._texts: list[str] = []  # text of deltas merged into `pending` after its own
-        self._waiter = None    # the task parked in get(), if any
-        self.scheduled_ts = self.first_token_ts = self.last_token_ts = 0.0  # see StreamOutput
-        self.cached_tokens = 0
+        self.texts: list[str] = []  # text of deltas merged into `pending` after its own
+        self.closed = False  # its final delta has been pushed
+        self.first_token_ts = self.last_token_ts = 0.0
 
     def push(self, d: Delta) -> None:
         if d.finish_reason:
@@ -75,16 +72,57 @@ class RequestStream:
         p = self.pending
         if p is None:
             self.pending = d
-        else:  # merge in place; text pieces are joined once, in get() (a long backlog stays linear)
-            if d.text:
-                self._texts.append(d.text)
-            p.token_ids += d.token_ids
-            if d.logprobs is not None:
-                if p.logprobs is None:
-                    p.logprobs = d.logprobs
-                else:
-                    p.logprobs += d.logprobs
-            p.finish_reason = d.finish_reason or p.finish_reason
+            return
+        if d.text:  # merged in place; text pieces are joined once, in take() (a long backlog stays linear)
+            self.texts.append(d.text)
+        p.token_ids += d.token_ids
+        if d.logprobs is not None:
+            p.logprobs = d.logprobs if p.logprobs is None else p.logprobs + d.logprobs
+        p.finish_reason = d.finish_reason or p.finish_reason
+
+    def take(self) -> Delta:
+        d, self.pending = self.pending, None
+        if self.texts:
+            d.text = "".join([d.text, *self.texts])
+            self.texts = []
+        return d
+
+
+class RequestStream:
+    """One engine request's channel from the router to its consumer: n samples, each with at most one
+    merged, undelivered delta.
+
+    At most one task waits on a stream (its generator's), so a bare park/unpark stands in for trio.Event:
+    the hand-off is on every token's path."""
+
+    __slots__ = ("request_id", "samples", "ready", "open", "_waiter", "scheduled_ts", "cached_tokens")
+
+    def __init__(self, request_id: str, states: list[RequestState]):
+        self.request_id = request_id
+        self.samples = [_Sample(s) for s in states]
+        self.ready: list[int] = []  # samples with a pending delta, in arrival order
+        self.open = len(states)  # samples whose final delta has not been pushed
+        self._waiter = None  # the task parked in get(), if any
+        self.scheduled_ts = 0.0
+        self.cached_tokens = 0
+
+    @property
+    def closed(self) -> bool:
+        """Every sample's final delta has been pushed: the router routes nothing more here."""
+        return self.open == 0
+
+    @property
+    def finished(self) -> bool:
+        """The consumer has been handed every sample's final delta."""
+        return self.open == 0 and not self.ready
+
+    def push(self, index: int, d: Delta) -> None:
+        s = self.samples[index]
+        if s.pending is None:
+            self.ready.append(index)
+        if d.finish_reason and not s.closed:
+            self.open -= 1
+        s.push(d)
         if self._waiter is not None:
             task, self._waiter = self._waiter, None
             trio.lowlevel.reschedule(task)
@@ -93,20 +131,15 @@ class RequestStream:
         self._waiter = None
         return trio.lowlevel.Abort.SUCCEEDED
 
-    async def get(self) -> Delta:
-        if self.pending is None:
+    async def get(self) -> list[tuple[int, Delta]]:
+        """Every pending (sample index, delta), oldest first; waits while there is none."""
+        if not self.ready:
             self._waiter = trio.lowlevel.current_task()
             await trio.lowlevel.wait_task_rescheduled(self._abort_wait)  # raises Cancelled if cancelled
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
-        d, self.pending = self.pending, None
-        if self._texts:
-            self._texts.insert(0, d.text)
-            d.text = "".join(self._texts)
-            self._texts = []
-        if d.finish_reason:
-            self.finished = True
-        return d
+        ready, self.ready = self.ready, []
+        return [(i, self.samples[i].take()) for i in ready]
 
 
 class AsyncLLM:
@@ -151,8 +184,9 @@ class AsyncLLM:
         self._closed = True
         self.abort_all()
         for stream in list(self._streams.values()):
-            if not stream.closed:
-                stream.push(Delta(finish_reason="abort"))  # wakes a consumer still waiting elsewhere
+            for i, sample in enumerate(stream.samples):
+                if not sample.closed:
+                    stream.push(i, Delta(finish_reason="abort"))  # wakes a consumer still waiting elsewhere
         engine = self.llm.engine
 
         def stop_and_settle() -> None:
@@ -185,63 +219,71 @@ class AsyncLLM:
         task_status.started()
         fd = self.loop.fd
         drain = self.loop.drain
-        streams = self._streams
         while True:
             await trio.lowlevel.wait_readable(fd)
-            for eid, token, logprob, top, reason, _n_prompt, _index, scheduled_ts, step_ts, n_cached in drain():
-                stream = streams.get(eid)
-                if stream is None or stream.closed:
-                    continue  # a finished or abandoned stream; stale outputs after a stop-string abort
-                stream.scheduled_ts = scheduled_ts
-                stream.cached_tokens = n_cached
-                if token >= 0:
-                    if not stream.first_token_ts:
-                        stream.first_token_ts = step_ts
-                    stream.last_token_ts = step_ts
-                try:
-                    delta = stream.state.process(token, logprob, top, reason)
-                except Exception as e:  # a bug in text handling ends this request, not the router
-                    self.loop.abort(eid)
-                    stream.push(Delta(finish_reason=f"error: {type(e).__name__}: {e}"))
-                    continue
-                if delta.finish_reason and not reason:
-                    self.loop.abort(eid)  # a stop string ended it; the engine still holds it
-                stream.push(delta)
+            for out in drain():
+                self._deliver(*out)
 
-    def prompt_ids(self, prompt: Union[str, list[int]], add_special: bool = True) -> list[int]:
+    def _deliver(self, eid: str, token: int, logprob: float, top: list, reason: str, _n_prompt: int, index: int,
+                 scheduled_ts: float, step_ts: float, n_cached: int) -> None:
+        """One engine output into its stream: text made, stop strings applied, merged into the sample's delta."""
+        stream = self._streams.get(eid)
+        if stream is None or stream.samples[index].closed:
+            return  # a finished or abandoned stream; stale outputs after a stop-string abort
+        stream.scheduled_ts = scheduled_ts
+        stream.cached_tokens = n_cached
+        sample = stream.samples[index]
+        if token >= 0:
+            sample.first_token_ts = sample.first_token_ts or step_ts
+            sample.last_token_ts = step_ts
+        try:
+            delta = sample.state.process(token, logprob, top, reason)
+        except Exception as e:  # a bug in text handling ends this sample, not the router
+            self.loop.abort(eid, index)
+            stream.push(index, Delta(finish_reason=f"error: {type(e).__name__}: {e}"))
+            return
+        if delta.finish_reason and not reason:
+            self.loop.abort(eid, index)  # a stop string ended it; the engine still holds it
+        stream.push(index, delta)
+
+    def prompt_ids(self, prompt: Union[str, list[int], dict], add_special: bool = True) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]
         return [int(t) for t in prompt]
 
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raises the ValueError `generate` would raise for this request (its message names the field first),
+        queueing nothing: a server calls it before it answers 200."""
+        self.loop.check_request("check", prompt_ids, params.engine_sampling(0), params.max_tokens,
+                                params.ignore_eos, list(params.stop_token_ids), n=params.n)
+
     async def generate(self, prompt: Union[str, list[int], dict], params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamOutput]:
-        """Streams one sequence's deltas; the last one carries finish_reason. Raises ValueError on the first
-        iteration, before anything is queued, for a request the engine refuses (too long, bad ids, bad
-        parameters, n > 1, a request id already streaming)."""
+        """Streams the deltas of the request's n samples (each StreamOutput carries its sample's `index`); a
+        sample's last delta carries its finish_reason, and the generator ends when every sample has ended.
+        Raises ValueError on the first iteration, before anything is queued, for a request the engine refuses
+        (too long, bad ids, bad parameters, a request id already streaming)."""
         params = params or SamplingParams()
         if self._closed:
             raise RuntimeError("the engine is closed")
-        if params.n != 1:
-            raise ValueError(f"AsyncLLM.generate streams one sequence: n must be 1, got {params.n}")
         ids = self.prompt_ids(prompt)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._active:
             raise ValueError(f"duplicate request id {rid!r}")
         eid = f"{rid}#{next(self._ids)}"
-        stream = RequestStream(rid, RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
-                                                 params.skip_special_tokens))
+        stream = RequestStream(rid, [RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
+                                                  params.skip_special_tokens) for _ in range(params.n)])
         self.loop.add(eid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                      list(params.stop_token_ids))  # validates: ValueError, nothing queued
+                      list(params.stop_token_ids), n=params.n)  # validates: ValueError, nothing queued
         self._streams[eid] = stream
         self._active[rid] = eid
         try:
             while True:
-                d = await stream.get()
-                yield StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
-                                   stream.first_token_ts, stream.last_token_ts, stream.cached_tokens)
-                if d.finish_reason:
+                for index, d in await stream.get():
+                    yield self._output(rid, ids, stream, index, d)
+                if stream.finished:
                     return
         finally:
             # No await here: this may run in a cancelled scope (Cancelled) or from aclose (GeneratorExit).
@@ -249,3 +291,9 @@ class AsyncLLM:
             del self._active[rid]
             if not stream.closed:
                 self.loop.abort(eid)
+
+    @staticmethod
+    def _output(rid: str, ids: list[int], stream: RequestStream, index: int, d: Delta) -> StreamOutput:
+        s = stream.samples[index]
+        return StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
+                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index)

@@ -50,7 +50,3 @@ class RequestState:
                     finish_reason = "stop"
             self.finish_reason = d.finish_reason = finish_reason
         return d
-
-    @property
-    def stopped_by_string(self) -> bool:
-        return self.stops.matched is not None

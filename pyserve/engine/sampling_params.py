@@ -35,7 +35,7 @@ class SamplingParams:
     def _check(self) -> None:
         """The sampler's rules are the engine's (_engine.check_sampling); n and max_tokens are checked where
         the engine takes the request (they depend on its limits); what only this layer uses is checked here."""
-        from pyserve import _engine  # here, not at import: `import pyserve` does not load the extension
+        from .. import _engine  # here, not at import: `import pyserve` does not load the extension
 
         checks = [
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,

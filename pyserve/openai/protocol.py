@@ -1,20 +1,24 @@
-"""OpenAI request parsing and response shapes for the HTTP server.
+"""The OpenAI request models (pydantic v2), in OpenAI's field order, with OpenAI's bounds declared once on
+the fields; `/openapi.json` is generated from the same models (openapi.py).
 
-Requests arrive as JSON objects; `parse_chat` / `parse_completion` check every field the server knows,
-ignore (and log once) the ones it does not, and refuse with a 400 the ones OpenAI has but pyserve does not
-support. Errors carry OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
+Bodies are strict JSON (`parse_json`), then validated in strict mode (no "1" for 1, no true for 1). Unknown
+fields are accepted and ignored (the first few names are logged once). A validation error becomes OpenAI's
+error JSON with `param` taken from the error's location (errors.from_validation). Rules that tie two fields
+together raise OpenAIError from a model validator (pydantic passes it through untouched). `to_sampling_params`
+is the only bridge to the engine.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
-import secrets
-import time
-from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo
+from pydantic import field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from .errors import bad_request, from_validation, unsupported
 
 log = logging.getLogger("pyserve.server")
 
@@ -26,45 +30,23 @@ MAX_STOP = 16  # stop strings (OpenAI: 4; pyserve allows more)
 MAX_STOP_LEN = 256  # characters per stop string
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 1024  # entries
-MAX_TOP_LOGPROBS = MAX_LOGPROBS  # chat top_logprobs: 0..20 (OpenAI's)
-MAX_COMPLETION_LOGPROBS = MAX_LOGPROBS  # completions logprobs: 0..20 (OpenAI: 5)
 MAX_MESSAGES = 4096
 MAX_JSON_DEPTH = 64
-ROLES = ("system", "user", "assistant", "tool", "developer")
 SEED_MASK = (1 << 63) - 1  # the engine takes a non-negative int64 seed
 
+# A token id on the wire: an int32, the engine's id type (whether it is in the vocabulary is the engine's rule)
+TokenId = Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)]
 
-class OpenAIError(Exception):
-    """An error the client gets as OpenAI's error JSON, with an HTTP status."""
-
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None, headers: Optional[dict] = None):
-        super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+_TEXT_PARTS = ("text", "input_text")
+_MEDIA_PARTS = ("image_url", "input_image", "input_audio", "file", "refusal", "image", "audio")
 
 
-def bad_request(message: str, param: Optional[str] = None, code: Optional[str] = None) -> OpenAIError:
-    return OpenAIError(message, 400, "invalid_request_error", param, code)
+def _unsupported(what: str) -> PydanticCustomError:
+    return PydanticCustomError("unsupported", "{what} is not supported by pyserve", {"what": what})
 
 
-def unsupported(what: str, param: str) -> OpenAIError:
-    return OpenAIError(f"{what} is not supported by pyserve", 400, "invalid_request_error", param, "unsupported")
-
-
-def server_error(message: str, status: int = 500) -> OpenAIError:
-    return OpenAIError(message, status, "server_error")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def now() -> int:
-    return int(time.time())
+class _Model(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
 # ---- the body ----
@@ -112,318 +94,414 @@ def parse_json(data: bytes) -> Any:
     return obj
 
 
-# ---- field checking ----
+# ---- messages ----
 
-_MISSING = object()
+class ContentPart(_Model):
+    type: str
+    text: Optional[str] = Field(None, validate_default=True)
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, v: str) -> str:
+        if v not in _TEXT_PARTS and v not in _MEDIA_PARTS:
+            raise ValueError(f"{v!r} is not a known content type")
+        return v
+
+    @field_validator("text")
+    @classmethod
+    def _text_of_text_part(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if v is None and info.data.get("type") in _TEXT_PARTS:
+            raise ValueError("a text part needs 'text' (a string)")
+        return v
+
+    @model_validator(mode="after")
+    def _text_only(self) -> "ContentPart":
+        if self.type in _MEDIA_PARTS:
+            raise _unsupported(f"message content of type {self.type!r}")
+        return self
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[Any] = None
+    function_call: Optional[Any] = None
+
+    def for_template(self) -> dict:
+        """The message as templates see it: text parts joined into one string, None-valued keys dropped."""
+        m = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            m["content"] = "\n".join(p.text or "" for p in self.content)
+        return m
+
+    def text_bytes(self) -> int:
+        if isinstance(self.content, str):
+            return len(self.content.encode())
+        return sum(len((p.text or "").encode()) for p in self.content or ())
+
+
+def _check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The rules between a message's fields, in one pass over the list (a pydantic validator per message
+    costs more than the rest of its validation)."""
+    for i, m in enumerate(messages):
+        if m.content is None and m.role != "assistant":
+            raise bad_request(f"'messages[{i}].content' is required for role {m.role!r}",
+                              param=f"messages[{i}].content")
+        if m.tool_calls or m.function_call:
+            raise unsupported("messages with tool calls", f"messages[{i}].tool_calls")
+    return messages
+
+
+Messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES), AfterValidator(_check_messages)]
+
+
+# ---- sampling fields (both endpoints) ----
+
+StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_LEN)]
+
+
+class StreamOptions(_Model):
+    include_usage: Optional[bool] = None
+
+
+def _token_id_keys(bias: Optional[dict]) -> dict[int, float]:
+    """logit_bias: {"token id": bias in [-100, 100]} → {id: bias}."""
+    if not bias:
+        return {}
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"holds at most {MAX_LOGIT_BIAS} entries")
+    out = {}
+    for k, v in bias.items():
+        if not k.strip().lstrip("-").isdigit() or not -(1 << 31) <= int(k) < 1 << 31:
+            raise ValueError(f"keys must be token ids (integers as strings), got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise ValueError(f"the bias for token {k} must be a number in [-100, 100], got {v!r}")
+        out[int(k)] = float(v)
+    return out
+
+
+# Each shared field's type and bounds, written once; both endpoints list them in OpenAI's order.
+Penalty = Annotated[Optional[float], Field(ge=-2, le=2)]
+MaxTokens = Annotated[Optional[int], Field(ge=1)]
+NChoices = Annotated[Optional[int], Field(ge=1, le=MAX_N)]
+Stop = Optional[Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP)]]]
+Temperature = Annotated[Optional[float], Field(ge=0, le=2)]
+TopP = Annotated[Optional[float], Field(gt=0, le=1)]
+TopK = Annotated[Optional[int], Field(ge=-1)]
+MinP = Annotated[Optional[float], Field(ge=0, le=1)]
+RepetitionPenalty = Annotated[Optional[float], Field(gt=0, le=2)]
+StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
+
+
+class _Sampling(_Model):
+    """What both endpoints do with the sampling fields they each declare (in OpenAI's order)."""
+
+    @field_validator("logit_bias", check_fields=False)
+    @classmethod
+    def _bias(cls, v):
+        _token_id_keys(v)
+        return v
+
+    @model_validator(mode="after")
+    def _stream_rules(self):
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise unsupported("best_of other than n", "best_of")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def n_choices(self) -> int:
+        return self.n or 1
+
+    def stop_list(self) -> list[str]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return [s for s in stop if s]
+
+    def to_sampling_params(self, max_tokens: int = 1) -> SamplingParams:
+        """The only bridge to the engine: this request's sampling, for one prompt, all n samples."""
+        return SamplingParams(
+            n=self.n_choices, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
+            top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0), presence_penalty=_or(self.presence_penalty, 0.0),
+            frequency_penalty=_or(self.frequency_penalty, 0.0),
+            repetition_penalty=_or(self.repetition_penalty, 1.0),
+            seed=None if self.seed is None else self.seed & SEED_MASK, stop=self.stop_list(),
+            stop_token_ids=list(self.stop_token_ids or ()), ignore_eos=bool(self.ignore_eos),
+            max_tokens=max_tokens, logprobs=self.logprobs_wanted(), logit_bias=_token_id_keys(self.logit_bias),
+            skip_special_tokens=_or(self.skip_special_tokens, True))
+
+    def logprobs_wanted(self) -> Optional[int]:
+        """Alternatives per token (None: no logprobs)."""
+        raise NotImplementedError
+
+    def max_new_tokens(self) -> tuple[Optional[int], str]:
+        """(the completion bound the client asked for or None, the field that carried it)."""
+        return self.max_tokens, "max_tokens"
+
+
+def _or(v, default):
+    return default if v is None else v
+
+
+# ---- the endpoints ----
+
+class ChatCompletionRequest(_Sampling):
+    messages: Messages
+    model: Optional[str] = None
+    audio: Optional[dict] = None
+    frequency_penalty: Penalty = None
+    function_call: Optional[Any] = None
+    functions: Optional[list] = None
+    logit_bias: Optional[dict[str, Any]] = None
+    logprobs: Optional[bool] = None
+    max_completion_tokens: MaxTokens = None
+    max_tokens: MaxTokens = None
+    metadata: Optional[dict] = None
+    modalities: Optional[list[str]] = None
+    n: NChoices = None
+    parallel_tool_calls: Optional[bool] = None
+    prediction: Optional[dict] = None
+    presence_penalty: Penalty = None
+    reasoning_effort: Optional[str] = None
+    response_format: Optional[dict] = None
+    seed: Optional[int] = None
+    service_tier: Optional[str] = None
+    stop: Stop = None
+    store: Optional[bool] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    temperature: Temperature = None
+    tool_choice: Optional[Any] = None
+    tools: Optional[list] = None
+    top_logprobs: Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)] = None
+    top_p: TopP = None
+    user: Optional[str] = None
+    # vLLM's extras
+    best_of: Optional[int] = None
+    top_k: TopK = None
+    min_p: MinP = None
+    repetition_penalty: RepetitionPenalty = None
+    ignore_eos: Optional[bool] = None
+    stop_token_ids: StopTokenIds = None
+    skip_special_tokens: Optional[bool] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict] = None
+    add_generation_prompt: bool = True
+    continue_final_message: Optional[bool] = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, v, info: ValidationInfo):
+        if v:
+            raise _unsupported("tool calling ('tools')" if info.field_name == "tools" else
+                               "function calling ('functions')")
+        return v
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, v, info: ValidationInfo):
+        if v not in (None, "none", "auto"):
+            raise _unsupported(f"'{info.field_name}'")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, v):
+        if v is not None and v.get("type", "text") != "text":
+            raise _unsupported(f"response_format {v.get('type')!r} (only 'text')")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, v):
+        if v and any(m != "text" for m in v):
+            raise _unsupported("output modalities other than 'text'")
+        return v
+
+    @field_validator("audio", "prediction")
+    @classmethod
+    def _no_audio(cls, v, info: ValidationInfo):
+        if v:
+            raise _unsupported("audio output" if info.field_name == "audio" else "predicted outputs ('prediction')")
+        return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+        return self
+
+    def logprobs_wanted(self) -> Optional[int]:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def max_new_tokens(self) -> tuple[Optional[int], str]:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def text_bytes(self) -> int:
+        return sum(m.text_bytes() for m in self.messages)
+
+
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Prompt = Union[str, Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)], TokenIds,
+               Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
+
+
+class CompletionRequest(_Sampling):
+    model: Optional[str] = None
+    prompt: Prompt
+    best_of: Optional[int] = None
+    echo: Optional[bool] = None
+    frequency_penalty: Penalty = None
+    logit_bias: Optional[dict[str, Any]] = None
+    logprobs: Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)] = None
+    max_tokens: MaxTokens = None
+    n: NChoices = None
+    presence_penalty: Penalty = None
+    seed: Optional[int] = None
+    stop: Stop = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    suffix: Optional[str] = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    user: Optional[str] = None
+    metadata: Optional[dict] = None
+    # vLLM's extras
+    top_k: TopK = None
+    min_p: MinP = None
+    repetition_penalty: RepetitionPenalty = None
+    ignore_eos: Optional[bool] = None
+    stop_token_ids: StopTokenIds = None
+    skip_special_tokens: Optional[bool] = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise _unsupported("'suffix' (fill-in-the-middle)")
+        return v
+
+    @model_validator(mode="after")
+    def _choices(self):
+        if self.echo and self.logprobs is not None:
+            raise unsupported("'echo' together with 'logprobs' (prompt logprobs)", "echo")
+        if len(self.prompts) * self.n_choices > MAX_CHOICES:
+            raise bad_request(f"prompts x n is at most {MAX_CHOICES}, got {len(self.prompts) * self.n_choices}",
+                              param="n")
+        return self
+
+    @property
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """Each prompt: a string or token ids."""
+        p = self.prompt
+        if isinstance(p, str) or isinstance(p[0], int):
+            return [p]
+        return list(p)
+
+    def logprobs_wanted(self) -> Optional[int]:
+        return self.logprobs
+
+
+class TemplateRequest(_Model):
+    """/apply-template, and /tokenize with messages."""
+    model: Optional[str] = None
+    messages: Messages
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict] = None
+    add_generation_prompt: bool = True
+    return_token_strs: Optional[bool] = None
+
+
+class TokenizeRequest(_Model):
+    """/tokenize: `prompt` (or llama.cpp's `content`) text, or `messages` rendered by the chat template."""
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    content: Optional[str] = None
+    messages: Optional[Messages] = None
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: Optional[bool] = None
+    return_token_strs: Optional[bool] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict] = None
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if self.messages is None and self.text is None:
+            raise bad_request("'prompt' (a string) or 'messages' is required", param="prompt")
+        return self
+
+    @property
+    def text(self) -> Optional[str]:
+        return self.prompt if self.prompt is not None else self.content
+
+    def as_template_request(self) -> TemplateRequest:
+        return TemplateRequest(messages=self.messages, chat_template=self.chat_template,
+                               chat_template_kwargs=self.chat_template_kwargs,
+                               add_generation_prompt=_or(self.add_generation_prompt, True))
+
+
+class DetokenizeRequest(_Model):
+    model: Optional[str] = None
+    tokens: list[TokenId]
+
+
+# ---- parsing ----
+
 _logged_unknown: set[str] = set()
 _MAX_LOGGED_UNKNOWN = 64
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _log_unknown(req: BaseModel) -> None:
+    for k in req.model_extra or ():
+        if k not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
+            _logged_unknown.add(k)  # bounded: a client inventing names cannot grow it (or the log) forever
+            log.warning("ignoring unknown request field %r%s", k[:64],
+                        " (no more are logged)" if len(_logged_unknown) == _MAX_LOGGED_UNKNOWN else "")
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-class _Fields:
-    def __init__(self, body: Any, known: set[str]):
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        self.body = body
-        for k in body:
-            if k not in known and k not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
-                _logged_unknown.add(k)  # bounded: a client inventing names cannot grow it (or the log) forever
-                log.warning("ignoring unknown request field %r%s", k[:64],
-                            " (no more are logged)" if len(_logged_unknown) == _MAX_LOGGED_UNKNOWN else "")
-
-    def get(self, name: str, kind: str, default: Any = None, nullable: bool = True) -> Any:
-        v = self.body.get(name, _MISSING)
-        if v is _MISSING or (v is None and nullable):
-            return default
-        ok = {"int": _is_int, "num": lambda x: _is_num(x) and math.isfinite(x), "bool": lambda x: isinstance(x, bool),
-              "str": lambda x: isinstance(x, str), "dict": lambda x: isinstance(x, dict),
-              "list": lambda x: isinstance(x, list), "any": lambda x: True}[kind](v)
-        if not ok:
-            names = {"int": "an integer", "num": "a number", "bool": "a boolean", "str": "a string",
-                     "dict": "an object", "list": "an array"}
-            raise bad_request(f"'{name}' must be {names[kind]}, got {type(v).__name__}", param=name)
-        return v
-
-    def num(self, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
-        v = float(self.get(name, "num", default))
-        if not ((lo < v) if lo_open else (lo <= v)) or not v <= hi:
-            raise bad_request(f"'{name}' must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v:g}", param=name)
-        return v
-
-    def boolean(self, name: str, default: bool) -> bool:
-        return self.get(name, "bool", default)
-
-
-# ---- requests ----
-
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "seed",
-           "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs", "stream",
-           "stream_options", "ignore_eos", "user", "best_of", "stop_token_ids", "skip_special_tokens",
-           "metadata", "store", "service_tier"}
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "chat_template", "chat_template_kwargs",
-                   "tools", "tool_choice", "functions", "function_call", "response_format", "parallel_tool_calls",
-                   "add_generation_prompt", "continue_final_message", "modalities", "audio", "prediction",
-                   "reasoning_effort"}
-_COMPLETION = _COMMON | {"prompt", "echo", "suffix"}
-
-
-@dataclass
-class GenRequest:
-    model: Optional[str]
-    stream: bool
-    include_usage: bool
-    n: int
-    max_tokens: Optional[int]
-    params: SamplingParams  # max_tokens filled in per prompt
-    user: Optional[str] = None
-    # chat
-    messages: Optional[list] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[dict] = None
-    add_generation_prompt: bool = True
-    top_logprobs: Optional[int] = None  # chat: alternatives wanted per token (None: no logprobs)
-    # completions
-    prompts: list[Union[str, list[int]]] = field(default_factory=list)
-    echo: bool = False
-    logprobs: Optional[int] = None  # completions: alternatives wanted
-
-
-def _sampling(f: _Fields, n: int, logprobs: Optional[int]) -> SamplingParams:
-    stop = f.get("stop", "any", [])
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad_request("'stop' must be a string or an array of strings", param="stop")
-    if len(stop) > MAX_STOP:
-        raise bad_request(f"'stop' holds at most {MAX_STOP} strings, got {len(stop)}", param="stop")
-    for s in stop:
-        if len(s) > MAX_STOP_LEN:
-            raise bad_request(f"each 'stop' string is at most {MAX_STOP_LEN} characters, got {len(s)}",
-                              param="stop")
-    stop = [s for s in stop if s]
-    raw_bias = f.get("logit_bias", "dict", {})
-    if len(raw_bias) > MAX_LOGIT_BIAS:
-        raise bad_request(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} entries", param="logit_bias")
-    bias = {}
-    for k, v in raw_bias.items():
-        try:
-            tid = int(k) if isinstance(k, str) and k.strip().lstrip("-").isdigit() else None
-        except ValueError:
-            tid = None
-        if tid is None:
-            raise bad_request(f"'logit_bias' keys must be token ids (integers as strings), got {k!r}",
-                              param="logit_bias")
-        if not _is_num(v) or not math.isfinite(v) or not -100 <= v <= 100:
-            raise bad_request(f"logit_bias for token {k} must be a number in [-100, 100], got {v!r}",
-                              param="logit_bias")
-        bias[tid] = float(v)
-    stop_ids = f.get("stop_token_ids", "list", [])
-    if not all(_is_int(t) for t in stop_ids):
-        raise bad_request("'stop_token_ids' must be an array of integers", param="stop_token_ids")
-    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
-        raise bad_request(f"'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} ids", param="stop_token_ids")
-    seed = f.get("seed", "int")
-    top_k = f.get("top_k", "int", 0)
-    if top_k < -1:
-        raise bad_request(f"'top_k' must be -1, 0 (off) or positive, got {top_k}", param="top_k")
+def parse(model: type[BaseModel], body: Any):
+    """A request already decoded from JSON as `model`; OpenAIError (400 with `param`) if it does not fit."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
     try:
-        return SamplingParams(
-            n=n, temperature=f.num("temperature", 1.0, 0.0, 2.0), top_p=f.num("top_p", 1.0, 0.0, 1.0, lo_open=True),
-            top_k=top_k, min_p=f.num("min_p", 0.0, 0.0, 1.0),
-            presence_penalty=f.num("presence_penalty", 0.0, -2.0, 2.0),
-            frequency_penalty=f.num("frequency_penalty", 0.0, -2.0, 2.0),
-            repetition_penalty=f.num("repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),
-            seed=None if seed is None else seed & SEED_MASK, stop=stop, stop_token_ids=list(stop_ids),
-            ignore_eos=f.boolean("ignore_eos", False), max_tokens=1, logprobs=logprobs, logit_bias=bias,
-            skip_special_tokens=f.boolean("skip_special_tokens", True))
-    except ValueError as e:
-        raise bad_request(str(e), param=str(e).split(" ", 1)[0]) from None
+        req = model.model_validate(body)
+    except ValidationError as e:
+        raise from_validation(e) from None
+    _log_unknown(req)
+    return req
 
 
-def _common(f: _Fields) -> dict:
-    n = f.get("n", "int", 1)
-    if not 1 <= n <= MAX_N:
-        raise bad_request(f"'n' must be in [1, {MAX_N}], got {n}", param="n")
-    best_of = f.get("best_of", "int")
-    if best_of is not None and best_of != n:
-        raise unsupported("best_of other than n", "best_of")
-    stream = f.boolean("stream", False)
-    opts = f.get("stream_options", "dict")
-    if opts is not None and not stream:
-        raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-    include_usage = (opts or {}).get("include_usage", False)
-    if include_usage is None:
-        include_usage = False
-    if not isinstance(include_usage, bool):
-        raise bad_request("'stream_options.include_usage' must be a boolean", param="stream_options")
-    model = f.get("model", "str")
-    user = f.get("user", "str")
-    for name in ("metadata",):
-        f.get(name, "dict")
-    return dict(model=model, stream=stream, include_usage=include_usage, n=n, user=user)
+def parse_body(model: type[BaseModel], data: bytes):
+    """The HTTP body (bytes) as `model`, parsed and validated in one pass of pydantic's JSON parser, which
+    refuses invalid UTF-8, lone surrogates, NaN / Infinity in any declared field and nesting past its
+    recursion limit (unknown fields are bounded by that limit and by the body size, and never read)."""
+    if data[:3] == b"\xef\xbb\xbf":
+        data = data[3:]
+    if not data.strip():
+        raise bad_request("the request body is empty; a JSON object is required")
+    try:
+        req = model.model_validate_json(data)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise bad_request(f"the request body is not valid JSON: {first['msg']}") from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise bad_request("the request body must be a JSON object") from None
+        raise from_validation(e) from None
+    _log_unknown(req)
+    return req
 
 
-def _max_tokens(f: _Fields, *names: str) -> Optional[int]:
-    for name in names:
-        v = f.get(name, "int")
-        if v is not None:
-            if v < 1:
-                raise bad_request(f"'{name}' must be at least 1, got {v}", param=name)
-            return v
-    return None
+def parse_chat(body: Any) -> ChatCompletionRequest:
+    return parse(ChatCompletionRequest, body)
 
 
-def check_messages(messages: Any, param: str = "messages") -> list:
-    """A non-empty array of {role, content} with a known role and text content (a string or text parts)."""
-    if not isinstance(messages, list) or not messages:
-        raise bad_request(f"'{param}' must be a non-empty array", param=param)
-    if len(messages) > MAX_MESSAGES:
-        raise bad_request(f"'{param}' holds at most {MAX_MESSAGES} messages", param=param)
-    for i, m in enumerate(messages):
-        where = f"{param}[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", param=where)
-        role = m.get("role")
-        if not isinstance(role, str):
-            raise bad_request(f"{where}.role is required (a string)", param=f"{where}.role")
-        if role not in ROLES:
-            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
-        if "name" in m and m["name"] is not None and not isinstance(m["name"], str):
-            raise bad_request(f"{where}.name must be a string", param=f"{where}.name")
-        if m.get("tool_calls") or m.get("function_call"):
-            raise unsupported("messages with tool calls", f"{where}.tool_calls")
-        content = m.get("content")
-        if content is None:
-            if role != "assistant":
-                raise bad_request(f"{where}.content is required for role {role!r}", param=f"{where}.content")
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                pw = f"{where}.content[{j}]"
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise bad_request(f"{pw} must be an object with a 'type'", param=pw)
-                kind = part["type"]
-                if kind in ("text", "input_text"):
-                    if not isinstance(part.get("text"), str):
-                        raise bad_request(f"{pw}.text must be a string", param=f"{pw}.text")
-                elif kind in ("image_url", "input_image", "input_audio", "file", "refusal", "image", "audio"):
-                    raise unsupported(f"message content of type {kind!r}", pw)
-                else:
-                    raise bad_request(f"{pw}.type {kind!r} is not a known content type", param=f"{pw}.type")
-        elif not isinstance(content, str):
-            raise bad_request(f"{where}.content must be a string or an array of parts", param=f"{where}.content")
-    return messages
-
-
-def parse_chat(body: Any) -> GenRequest:
-    f = _Fields(body, _CHAT)
-    messages = check_messages(f.get("messages", "any", nullable=False))
-    if f.get("tools", "list"):
-        raise unsupported("tool calling ('tools')", "tools")
-    if f.get("functions", "list"):
-        raise unsupported("function calling ('functions')", "functions")
-    tc = f.get("tool_choice", "any")
-    if tc not in (None, "none", "auto"):
-        raise unsupported("'tool_choice'", "tool_choice")
-    if f.get("function_call", "any") not in (None, "none", "auto"):
-        raise unsupported("'function_call'", "function_call")
-    f.get("parallel_tool_calls", "bool")
-    rf = f.get("response_format", "dict")
-    if rf is not None and rf.get("type", "text") != "text":
-        raise unsupported(f"response_format {rf.get('type')!r} (only 'text')", "response_format")
-    mods = f.get("modalities", "list")
-    if mods and any(m != "text" for m in mods):
-        raise unsupported("output modalities other than 'text'", "modalities")
-    if f.get("audio", "dict"):
-        raise unsupported("audio output", "audio")
-    if f.get("prediction", "dict"):
-        raise unsupported("predicted outputs ('prediction')", "prediction")
-    f.get("reasoning_effort", "str")
-    want_lp = f.boolean("logprobs", False)
-    top = f.get("top_logprobs", "int")
-    if top is not None:
-        if not want_lp:
-            raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
-        if not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise bad_request(f"'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}], got {top}", param="top_logprobs")
-    top_lp = (top or 0) if want_lp else None
-    common = _common(f)
-    kwargs = f.get("chat_template_kwargs", "dict")
-    return GenRequest(**common, max_tokens=_max_tokens(f, "max_completion_tokens", "max_tokens"),
-                      params=_sampling(f, common["n"], top_lp), messages=messages,
-                      chat_template=f.get("chat_template", "str"), chat_template_kwargs=kwargs,
-                      add_generation_prompt=f.boolean("add_generation_prompt", True), top_logprobs=top_lp)
-
-
-def parse_completion(body: Any) -> GenRequest:
-    f = _Fields(body, _COMPLETION)
-    prompt = f.get("prompt", "any", nullable=False)
-    if prompt is None:
-        raise bad_request("'prompt' is required", param="prompt")
-    prompts: list
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        prompts = [list(prompt)]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = list(prompt)
-    elif (isinstance(prompt, list) and prompt and all(isinstance(p, list) and p and all(_is_int(t) for t in p)
-                                                      for p in prompt)):
-        prompts = [list(p) for p in prompt]
-    else:
-        raise bad_request("'prompt' must be a string, an array of strings, an array of token ids or an array of "
-                          "token-id arrays (none empty)", param="prompt")
-    if len(prompts) > MAX_PROMPTS:
-        raise bad_request(f"'prompt' holds at most {MAX_PROMPTS} prompts, got {len(prompts)}", param="prompt")
-    if f.get("suffix", "str"):
-        raise unsupported("'suffix' (fill-in-the-middle)", "suffix")
-    lp = f.get("logprobs", "int")
-    if lp is not None and not 0 <= lp <= MAX_COMPLETION_LOGPROBS:
-        raise bad_request(f"'logprobs' must be in [0, {MAX_COMPLETION_LOGPROBS}], got {lp}", param="logprobs")
-    echo = f.boolean("echo", False)
-    if echo and lp is not None:
-        raise unsupported("'echo' together with 'logprobs' (prompt logprobs)", "echo")
-    common = _common(f)
-    if len(prompts) * common["n"] > MAX_CHOICES:
-        raise bad_request(f"prompts x n is at most {MAX_CHOICES}, got {len(prompts) * common['n']}", param="n")
-    return GenRequest(**common, max_tokens=_max_tokens(f, "max_tokens"), params=_sampling(f, common["n"], lp),
-                      prompts=prompts, echo=echo, logprobs=lp)
-
-
-def check_vocab(req: GenRequest, n_vocab: int) -> None:
-    """What needs the model: logit_bias keys and stop_token_ids must be ids in the vocabulary."""
-    for t in req.params.logit_bias:
-        if not 0 <= t < n_vocab:
-            raise bad_request(f"logit_bias key {t} is not a token id in the vocabulary [0, {n_vocab})",
-                              param="logit_bias")
-    for t in req.params.stop_token_ids:
-        if not 0 <= t < n_vocab:
-            raise bad_request(f"stop_token_ids holds {t}, not a token id in the vocabulary [0, {n_vocab})",
-                              param="stop_token_ids")
-
-
-@dataclass
-class TemplateRequest:
-    messages: list
-    chat_template: Optional[str]
-    chat_template_kwargs: Optional[dict]
-    add_generation_prompt: bool
-
-
-def parse_template_request(body: Any) -> TemplateRequest:
-    f = _Fields(body, {"messages", "chat_template", "chat_template_kwargs", "add_generation_prompt", "model",
-                       "add_special_tokens", "return_token_strs", "prompt", "content"})
-    return TemplateRequest(check_messages(f.get("messages", "any", nullable=False)), f.get("chat_template", "str"),
-                           f.get("chat_template_kwargs", "dict"), f.boolean("add_generation_prompt", True))
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def parse_completion(body: Any) -> CompletionRequest:
+    return parse(CompletionRequest, body)

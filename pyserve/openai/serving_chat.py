@@ -1,40 +1,49 @@
-"""/v1/chat/completions: the chat template, then the same generation as completions."""
+"""/v1/chat/completions: messages → the chat template → one prompt → a ChatCompletionResponse or SSE body."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import AsyncIterator, Optional, Union
 
 import trio
-from quart import Response
 
 from .chat_template import ChatTemplate, ChatTemplateError
-from .protocol import GenRequest, bad_request, new_id, now, usage
-from .serving_completions import Serving, json_response
+from .context import RequestContext
+from .errors import bad_request
+from .protocol import ChatCompletionRequest, ChatMessage
+from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
+                        ChoiceLogprobs, DeltaMessage, Usage, new_id, now)
+from .served_model import ServedModel
+from .serving_common import Choice, chat_logprobs, collect, engine_requests, stream_events
+from .untrusted_template import UntrustedChatTemplate
 
 
-def _flatten(messages: list) -> list:
-    """Text parts joined into one string, which every template understands."""
-    out = []
-    for m in messages:
-        c = m.get("content")
-        if isinstance(c, list):
-            m = dict(m, content="\n".join(str(p.get("text", "")) for p in c))
-        out.append(m)
-    return out
+class ChatServing:
+    def __init__(self, model: ServedModel):
+        self.model = model
 
+    async def create(self, req: ChatCompletionRequest,
+                     ctx: RequestContext) -> Union[ChatCompletionResponse, AsyncIterator[bytes]]:
+        self.model.check_name(req.model)
+        self.model.check_text_size(req.text_bytes(), "messages")
+        text = await self.render(req.messages, req.chat_template, req.chat_template_kwargs,
+                                 req.add_generation_prompt)
+        rid = new_id("chatcmpl")
+        requests, ticket = engine_requests(self.model, ctx, rid, req, [self.encode_rendered(text)], "messages")
+        shape = _Shapes(self.model, req, rid, requests[0].params.n)
+        if not req.stream:
+            return shape.response(*await collect(self.model, ctx, requests, ticket))
+        return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
 
-class ChatServing(Serving):
-    async def render(self, messages: list, template: Optional[str], kwargs: Optional[dict],
+    async def render(self, messages: list[ChatMessage], template: Optional[str], kwargs: Optional[dict],
                      add_generation_prompt: bool = True) -> str:
-        source = template if template is not None else self.state.chat_template
-        if source is None:
-            raise bad_request(self.state.no_template_reason, param="messages", code="no_chat_template")
-        special = self.state.tokenizer.special_texts()
+        """The prompt text, rendered in a worker thread (a template may be slow)."""
+        kind = self._template_kind(template)
+        source = template if template is not None else self.model.chat_template
+        special = self.model.tokenizer.special_texts()
+        dicts = [m.for_template() for m in messages]
 
         def work() -> str:
-            t = ChatTemplate(source, bos_token=special.get("bos_token") or None,
-                             eos_token=special.get("eos_token") or None)
-            return t.render(_flatten(messages), add_generation_prompt=add_generation_prompt,
-                            chat_template_kwargs=kwargs)
+            t = kind(source, bos_token=special.get("bos_token") or None, eos_token=special.get("eos_token") or None)
+            return t.render(dicts, add_generation_prompt=add_generation_prompt, chat_template_kwargs=kwargs)
 
         try:
             return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
@@ -42,79 +51,69 @@ class ChatServing(Serving):
             raise bad_request(str(e), param="chat_template" if template is not None else "messages",
                               code="chat_template_error") from None
 
+    def _template_kind(self, template: Optional[str]) -> type:
+        if template is None:
+            if self.model.chat_template is None:
+                raise bad_request(self.model.no_template_reason, param="messages", code="no_chat_template")
+            return ChatTemplate
+        if not self.model.trust_request_chat_template:
+            raise bad_request("a chat template sent with the request is refused: the server runs model templates "
+                              "only unless it is started with --trust-request-chat-template", param="chat_template",
+                              code="chat_template_not_allowed")
+        return UntrustedChatTemplate
+
     def encode_rendered(self, text: str) -> list[int]:
         """No doubled BOS: a template that writes the BOS text itself gets no second one."""
-        tok = self.state.tokenizer
+        tok = self.model.tokenizer
         bos = tok.special_texts().get("bos_token") or None
         return tok.encode(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
 
-    async def create(self, req: GenRequest) -> Response:
-        model = self.check_model(req)
-        text = await self.render(req.messages, req.chat_template, req.chat_template_kwargs,
-                                 req.add_generation_prompt)
-        ids = self.encode_rendered(text)
-        self.check_ids(ids, "messages")
-        rid, created = new_id("chatcmpl"), now()
-        jobs = self.jobs(rid, req, [ids], "max_completion_tokens")
-        want_lp = req.top_logprobs is not None
 
-        def base(obj: str, choices: list) -> dict:
-            return {"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None,
-                    "choices": choices}
+class _Shapes:
+    """The response and chunk shapes of one chat request."""
 
-        if not req.stream:
-            res = await self.collect(jobs)
-            choices = []
-            for idx in sorted(res):
-                r = res[idx]
-                lp = ({"content": self.logprobs(r["token_ids"], r["logprobs"], req.top_logprobs), "refusal": None}
-                      if want_lp else None)
-                choices.append({"index": idx, "message": {"role": "assistant", "content": r["text"], "refusal": None},
-                                "logprobs": lp, "finish_reason": r["finish_reason"]})
-            out = base("chat.completion", choices)
-            out["usage"] = usage(len(ids), sum(len(r["token_ids"]) for r in res.values()),
-                                 max(r["cached"] for r in res.values()))
-            return json_response(out)
+    def __init__(self, model: ServedModel, req: ChatCompletionRequest, rid: str, n: int):
+        self.model, self.rid, self.created, self.n = model, rid, now(), n
+        self.top = req.logprobs_wanted()  # alternatives per token, None: no logprobs
+        self.include_usage = req.include_usage
 
-        n_gen = {"n": 0, "cached": 0}
+    def _logprobs(self, token_ids: list[int], entries: list[dict]) -> Optional[ChoiceLogprobs]:
+        if self.top is None:
+            return None
+        return ChoiceLogprobs.model_construct(content=chat_logprobs(self.model, token_ids, entries, self.top),
+                                              refusal=None)
 
-        def chunk(choice: dict) -> dict:
-            c = base("chat.completion.chunk", [choice])
-            if req.include_usage:
-                c["usage"] = None
-            return c
+    def response(self, choices: dict[int, Choice], u: Usage) -> ChatCompletionResponse:
+        out = [ChatChoice.model_construct(
+            index=idx, message=AssistantMessage.model_construct(role="assistant", content=c.text, refusal=None),
+            logprobs=self._logprobs(c.token_ids, c.logprobs), finish_reason=c.finish_reason)
+            for idx, c in sorted(choices.items())]
+        return ChatCompletionResponse.model_construct(id=self.rid, object="chat.completion", created=self.created,
+                                                      model=self.model.name, system_fingerprint=None, choices=out,
+                                                      usage=u)
 
-        def first() -> list[dict]:
-            return [chunk({"index": j.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                           "finish_reason": None}) for j in jobs]
+    def _chunk(self, choices: list, **extra) -> ChatCompletionChunk:
+        if self.include_usage and "usage" not in extra:
+            extra["usage"] = None
+        return ChatCompletionChunk.model_construct(id=self.rid, object="chat.completion.chunk", created=self.created,
+                                                   model=self.model.name, system_fingerprint=None, choices=choices,
+                                                   **extra)
 
-        def chunks(idx: int, out) -> list[dict]:
-            n_gen["n"] += len(out.token_ids_delta)
-            n_gen["cached"] = max(n_gen["cached"], out.cached_tokens)
-            res = []
-            if out.text_delta or (want_lp and out.token_ids_delta):
-                lp = ({"content": self.logprobs(out.token_ids_delta, out.logprobs_delta or [], req.top_logprobs),
-                       "refusal": None} if want_lp else None)
-                res.append(chunk({"index": idx, "delta": {"content": out.text_delta}, "logprobs": lp,
-                                  "finish_reason": None}))
-            if out.finish_reason:
-                res.append(chunk({"index": idx, "delta": {}, "logprobs": None, "finish_reason": out.finish_reason}))
-            return res
+    def _choice(self, idx: int, delta: DeltaMessage, logprobs=None, finish_reason=None) -> ChatChunkChoice:
+        return ChatChunkChoice.model_construct(index=idx, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
 
-        def usage_chunk() -> dict:
-            c = base("chat.completion.chunk", [])
-            c["usage"] = usage(len(ids), n_gen["n"], n_gen["cached"])
-            return c
+    def first(self) -> list:
+        return [self._chunk([self._choice(i, DeltaMessage.model_construct(role="assistant", content=""))])
+                for i in range(self.n)]
 
-        return self.stream(jobs, first, chunks, usage_chunk if req.include_usage else None)
+    def delta(self, idx: int, out) -> list:
+        res = []
+        if out.text_delta or (self.top is not None and out.token_ids_delta):
+            lp = self._logprobs(out.token_ids_delta, out.logprobs_delta or [])
+            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(content=out.text_delta), lp)]))
+        if out.finish_reason:
+            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(), None, out.finish_reason)]))
+        return res
 
-    def logprobs(self, token_ids: list[int], entries: list[dict], k: int) -> list[dict]:
-        content = []
-        for tid, entry in zip(token_ids, entries):
-            text, b = self.token_text(tid)
-            top = []
-            for t, lp in self.top_entries(entry, k):
-                tt, tb = self.token_text(t)
-                top.append({"token": tt, "logprob": lp, "bytes": list(tb)})
-            content.append({"token": text, "logprob": entry.get(tid), "bytes": list(b), "top_logprobs": top})
-        return content
+    def usage(self, u: Usage) -> ChatCompletionChunk:
+        return self._chunk([], usage=u)

@@ -1,10 +1,10 @@
 """Server-sent events, and the producer that runs one response's engine requests.
 
-`choice_outputs` runs every choice of a response (n per prompt) as its own `AsyncLLM.generate` in one
-nursery and hands the consumer batches: everything that arrived since the last batch, so the events of one
-engine step go out in one body write. It runs as a `trio.as_safe_channel` generator: the consumer (the
-HTTP response body) owns it with `async with`, so when the consumer is cancelled (client disconnect) or
-stops early, the nursery is cancelled and each generate's `finally` aborts its engine request.
+`choice_outputs` runs every prompt of a response as one `AsyncLLM.generate` (its n choices forked in the
+engine) in one nursery and hands the consumer batches: everything that arrived since the last batch, so
+the events of one engine step go out in one body write. It runs as a `trio.as_safe_channel` generator: the
+consumer (the HTTP response body) owns it with `async with`, so when the consumer is cancelled (client
+disconnect) or stops early, the nursery is cancelled and each generate's `finally` aborts its engine request.
 """
 from __future__ import annotations
 
@@ -14,25 +14,30 @@ from dataclasses import dataclass
 from typing import Optional
 
 import trio
+from pydantic import BaseModel
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
            "X-Accel-Buffering": "no"}
 
 
-def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+def dumps(obj) -> bytes:
+    """JSON as compact UTF-8; a response model without the fields it did not set (see responses.py)."""
+    if isinstance(obj, BaseModel):
+        return obj.model_dump_json(exclude_unset=True).encode()
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def event(obj) -> bytes:
-    return b"data: " + dumps(obj).encode() + b"\n\n"
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 @dataclass
-class Job:
-    index: int  # the choice index
+class EngineRequest:
+    """One prompt of a response: one engine request whose n samples are choices first_index … + n - 1."""
+    first_index: int
     prompt_ids: list[int]
-    params: object  # SamplingParams with max_tokens set
+    params: object  # SamplingParams with max_tokens and n set
     request_id: str
 
 
@@ -79,31 +84,32 @@ class StallWatch:
 
 
 @trio.as_safe_channel
-async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event] = None,
+async def choice_outputs(engine, requests: list[EngineRequest], shutdown: Optional[trio.Event] = None,
                          stall: Optional[StallWatch] = None):
     """Yields lists of (choice index, StreamOutput | Exception), or [SHUTDOWN], or [STALLED] after `stall`
-    saw a write hang. Ends when every choice ends."""
+    saw a write hang. Ends when every choice ends (an exception ends all of its request's choices)."""
     send, recv = trio.open_memory_channel(math.inf)
+    width = {r.first_index: r.params.n for r in requests}
 
-    async def run(job: Job) -> None:
+    async def run(r: EngineRequest) -> None:
         try:
-            async for out in engine.generate(job.prompt_ids, job.params, job.request_id):
-                send.send_nowait((job.index, out))
+            async for out in engine.generate(r.prompt_ids, r.params, r.request_id):
+                send.send_nowait((r.first_index + out.index, out))
         except Exception as e:  # noqa: BLE001 - handed to the consumer as an in-band error
-            send.send_nowait((job.index, e))
+            send.send_nowait((r.first_index, e))
 
     async def watch() -> None:
         await shutdown.wait()
         send.send_nowait(SHUTDOWN)
 
     async with trio.open_nursery() as nursery:
-        for job in jobs:
-            nursery.start_soon(run, job)
+        for r in requests:
+            nursery.start_soon(run, r)
         if shutdown is not None:
             nursery.start_soon(watch)
         if stall is not None and stall.timeout > 0:
             nursery.start_soon(stall.watch, nursery.cancel_scope)
-        left = len(jobs)
+        left = sum(width.values())
         while left:
             batch = [await recv.receive()]
             while True:
@@ -115,9 +121,8 @@ async def choice_outputs(engine, jobs: list[Job], shutdown: Optional[trio.Event]
                 yield [SHUTDOWN]  # (cancelling before a yield would cancel the hand-over too)
                 nursery.cancel_scope.cancel()
                 return
-            for _idx, out in batch:
-                if isinstance(out, Exception) or out.finish_reason:
-                    left -= 1
+            left -= sum(width[idx] if isinstance(out, Exception) else 1 for idx, out in batch
+                        if isinstance(out, Exception) or out.finish_reason)
             yield batch
         nursery.cancel_scope.cancel()
     if stall is not None and stall.stalled:

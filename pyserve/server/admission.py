@@ -24,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..openai.protocol import OpenAIError
+from ..openai.context import Demand
+from ..openai.errors import OpenAIError
 
 
 def rate_limited(message: str, retry_after: float, code: str = "rate_limit_exceeded") -> OpenAIError:
@@ -54,10 +55,6 @@ class TokenBucket:
             self.level -= amount
             return 0.0
         return (amount - self.level) / self.rate
-
-    def give_back(self, amount: float) -> None:
-        self._refill()
-        self.level = min(self.capacity, self.level + amount)
 
 
 class RateLimiter:
@@ -201,3 +198,20 @@ class AdmissionQueue:
         self.finishes.append((self.clock(), k))
         if len(self.finishes) > 4096:
             self.finishes.popleft()
+
+
+class Admission:
+    """What the serving layer's `admit(demand)` does for one client: the token rate limit (its cost: each
+    choice's prompt plus the max_tokens asked, or `completion_estimate` capped by the choice's bound when
+    none was), then queue admission. Returns the queue's ticket."""
+
+    def __init__(self, limiter: RateLimiter, queue: AdmissionQueue, completion_estimate: int):
+        self.limiter, self.queue, self.completion_estimate = limiter, queue, completion_estimate
+
+    def admit(self, key: str, demand: Demand) -> Ticket:
+        if self.limiter.tpm:
+            est = self.completion_estimate
+            cost = sum(n + (demand.asked if demand.asked is not None else min(est, bound))
+                       for n, bound in demand.choices)
+            self.limiter.check_tokens(key, cost)
+        return self.queue.admit(len(demand.choices))

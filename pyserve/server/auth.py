@@ -15,11 +15,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from ..openai.protocol import OpenAIError
+from ..openai.errors import OpenAIError
 
 log = logging.getLogger("pyserve.server")
 
-OPEN_PATHS = ("/health", "/ping", "/openapi.json")
+OPEN_PATHS = ("/health", "/openapi.json")
 
 
 def load_keys(keys: Iterable[str] = (), key_file: Optional[str] = None, env: bool = True) -> list[str]:

@@ -11,8 +11,8 @@ How a generation request is timed (`RequestTimer`, one per HTTP request, kept in
 - arrival: the first line of the app's ASGI callable (`instrument`), before Quart parses anything, before the
   body is read, the template rendered, the prompt tokenized or the request queued in the engine;
 - a token is *written* when the body write that carries it has returned from the server's send (the
-  socket write). The serving layer adds the tokens of each chunk to `pending` before yielding it; the ASGI
-  send wrapper calls `written()` after the send. An empty write (a delta whose text is held back, e.g. a
+  socket write). The serving layer reports the tokens of each chunk (`writing(k)`) before yielding it; the
+  ASGI send wrapper calls `written()` after the send. An empty write (a delta whose text is held back, e.g. a
   partial stop string) carries its tokens over to the next non-empty write;
 - time to first token: arrival → the first write with a token. For a non-streamed response that is the
   write of the response body, so there TTFT == e2e (nothing reaches the user earlier);
@@ -33,7 +33,9 @@ the end counts in request_aborted_total instead.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
+
+import trio
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -72,8 +74,14 @@ class _Children:
 
 
 class Metrics:
+    """The app's registry. What it does not observe itself it is handed: the model name and the engine's
+    stats (`serve_model`), the in-flight count, and the edge's refusal counters (`add_counter`)."""
+
     def __init__(self):
-        self.state = None  # the app's ServerState: model name, engine, in-flight count
+        self.model_name = ""
+        self.engine_stats: Callable[[], dict] = dict  # the engine's counters, read at scrape time
+        self.inflight = InFlight()
+        self._counters: list[tuple[str, str, Callable[[], int]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         r, ml = self.registry, ["model_name"]
 
@@ -101,8 +109,15 @@ class Metrics:
         r.register(self)  # the engine's gauges and counters, read at scrape time
         self._children: Optional[_Children] = None
 
+    def serve_model(self, name: str, engine_stats: Callable[[], dict]) -> None:
+        self.model_name, self.engine_stats = name, engine_stats
+
+    def add_counter(self, metric: str, doc: str, value: Callable[[], int]) -> None:
+        """A counter kept elsewhere (the edge's refusals), read at scrape time."""
+        self._counters.append((metric, doc, value))
+
     def children(self) -> _Children:
-        name = self.state.served_model_name if self.state is not None else ""
+        name = self.model_name
         c = self._children
         if c is None or c.name != name:
             c = self._children = _Children(self, name)
@@ -112,64 +127,72 @@ class Metrics:
         return RequestTimer(self, time.monotonic() if arrival is None else arrival)
 
     def collect(self):
-        labels = ["model_name"]
-        name = self.state.served_model_name if self.state else ""
-        engine = self.state.engine if self.state is not None else None
-        stats = engine.stats() if engine is not None else {}
-        for key, metric, doc in [("running", "pyserve:num_requests_running", "sequences in the engine's batch"),
-                                 ("waiting", "pyserve:num_requests_waiting", "sequences waiting to be scheduled"),
-                                 ("blocks_used", "pyserve:kv_blocks_used", "KV cache blocks in use"),
-                                 ("blocks_total", "pyserve:kv_blocks_total", "KV cache blocks in all")]:
-            g = GaugeMetricFamily(metric, doc, labels=labels)
-            g.add_metric([name], stats.get(key, 0))
-            yield g
-        g = GaugeMetricFamily("pyserve:kv_cache_usage_perc", "fraction of KV cache blocks in use (0-1)", labels=labels)
+        labels, name = ["model_name"], self.model_name
+        stats = self.engine_stats()
+        for key, metric, doc in _GAUGES:
+            yield _family(GaugeMetricFamily, metric, doc, name, stats.get(key, 0))
         total = stats.get("blocks_total", 0)
-        g.add_metric([name], stats.get("blocks_used", 0) / total if total else 0.0)
-        yield g
-        g = GaugeMetricFamily("pyserve:http_requests_in_flight", "generation requests being served", labels=labels)
-        g.add_metric([name], self.state.inflight if self.state else 0)
-        yield g
-        for key, metric, doc in [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
-                                 ("prefix_cache_queries", "pyserve:prefix_cache_queries",
-                                  "prompt tokens looked up in the prefix cache at admission"),
-                                 ("prefix_cache_hits", "pyserve:prefix_cache_hits",
-                                  "prompt tokens found in the prefix cache at admission"),
-                                 ("steps", "pyserve:engine_steps", "engine steps"),
-                                 ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model")]:
-            c = CounterMetricFamily(metric, doc, labels=labels)
-            c.add_metric([name], stats.get(key, 0))
-            yield c
-        yield from self._refusals(labels, name)
-
-    def _refusals(self, labels: list, name: str):
-        """Requests the HTTP edge turned away: bad keys (401), rate limits and queue admission (429), and
-        streams ended because their client stopped reading."""
-        st = self.state
-        if st is None or not hasattr(st, "rate_limiter"):
-            return
-        for value, metric, doc in [(st.auth_failures, "pyserve:auth_failures", "requests refused with 401"),
-                                   (st.rate_limiter.refused, "pyserve:rate_limited",
-                                    "requests refused with 429 by a per-key rate limit"),
-                                   (st.admission.refused, "pyserve:admission_refused",
-                                    "requests refused with 429 because they could not start in time"),
-                                   (st.stalled_clients, "pyserve:stalled_clients",
-                                    "streams aborted because the client stopped reading")]:
-            c = CounterMetricFamily(metric, doc, labels=labels)
-            c.add_metric([name], value)
-            yield c
+        yield _family(GaugeMetricFamily, "pyserve:kv_cache_usage_perc", "fraction of KV cache blocks in use (0-1)",
+                      name, stats.get("blocks_used", 0) / total if total else 0.0)
+        yield _family(GaugeMetricFamily, "pyserve:http_requests_in_flight", "generation requests being served",
+                      name, self.inflight.count)
+        for key, metric, doc in _COUNTERS:
+            yield _family(CounterMetricFamily, metric, doc, name, stats.get(key, 0))
+        for metric, doc, value in self._counters:
+            yield _family(CounterMetricFamily, metric, doc, name, value())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
+_GAUGES = [("running", "pyserve:num_requests_running", "sequences in the engine's batch"),
+           ("waiting", "pyserve:num_requests_waiting", "sequences waiting to be scheduled"),
+           ("blocks_used", "pyserve:kv_blocks_used", "KV cache blocks in use"),
+           ("blocks_total", "pyserve:kv_blocks_total", "KV cache blocks in all")]
+_COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
+             ("prefix_cache_queries", "pyserve:prefix_cache_queries",
+              "prompt tokens looked up in the prefix cache at admission"),
+             ("prefix_cache_hits", "pyserve:prefix_cache_hits", "prompt tokens found in the prefix cache at admission"),
+             ("steps", "pyserve:engine_steps", "engine steps"),
+             ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model")]
+
+
+def _family(kind, metric: str, doc: str, name: str, value):
+    f = kind(metric, doc, labels=["model_name"])
+    f.add_metric([name], value)
+    return f
+
+
+class InFlight:
+    """Generation requests being served; the drain waits for it to reach 0."""
+
+    def __init__(self):
+        self.count = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        if self.count == 0:
+            self._idle = trio.Event()
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while self.count:
+            await self._idle.wait()
+
+
 class RequestTimer:
-    """One HTTP request's clock (see the module docstring). The serving layer calls `start`, `output`,
-    `received` (non-streamed), adds to `pending` and sets `outcome`; the ASGI wrapper calls `written` after
-    each body send and `close` when the request is over."""
+    """One HTTP request's clock (see the module docstring), the serving layer's RequestObserver: it calls
+    `start`, `output`, `received` (non-streamed), `writing` (streamed) and `end`; the ASGI wrapper calls
+    `written` after each body send and `close` when the request is over."""
 
     __slots__ = ("metrics", "arrival", "active", "stream", "pending", "n_prompt", "n_tokens", "first_write",
-                 "last_visible", "first_visible", "end", "outcome", "reasons", "scheduled", "first_token_ts",
+                 "last_visible", "first_visible", "end_ts", "outcome", "reasons", "scheduled", "first_token_ts",
                  "last_token_ts", "_c")
 
     def __init__(self, metrics: Metrics, arrival: float):
@@ -183,7 +206,7 @@ class RequestTimer:
         self.first_write: Optional[float] = None
         self.first_visible: Optional[float] = None
         self.last_visible: Optional[float] = None
-        self.end: Optional[float] = None  # the last body message sent
+        self.end_ts: Optional[float] = None  # the last body message sent
         self.outcome: Optional[str] = None  # "ok", "abort" (client gone), "error"
         self.reasons: list[str] = []
         self.scheduled = self.first_token_ts = self.last_token_ts = 0.0
@@ -191,13 +214,13 @@ class RequestTimer:
 
     # ---- the serving layer ----
 
-    def start(self, jobs, stream: bool) -> None:
-        """A generation of these jobs begins. Prompt tokens as usage reports them: each prompt once (its n
-        choices share the same id list)."""
+    def start(self, n_prompt: int, stream: bool) -> None:
+        """A generation begins; prompt tokens as usage reports them (each prompt once, whatever n)."""
         self.active = True
         self.stream = stream
-        self.n_prompt = sum(len(p) for p in {id(j.prompt_ids): j.prompt_ids for j in jobs}.values())
+        self.n_prompt = n_prompt
         self._c = self.metrics.children()
+        self.metrics.inflight.enter()
 
     def output(self, out) -> int:
         """Notes one engine delta (a StreamOutput); returns its token count."""
@@ -221,6 +244,17 @@ class RequestTimer:
         if k:
             self._visible(time.monotonic(), k)
 
+    def writing(self, k: int) -> None:
+        """Streamed: the body write being handed to the server carries k more tokens."""
+        self.pending += k
+
+    def end(self, outcome: str) -> None:
+        """The generation is over. A non-streamed response's tokens ride on its one body write."""
+        self.outcome = outcome
+        if outcome == "ok" and not self.stream:
+            self.pending = self.n_tokens
+        self.metrics.inflight.leave()
+
     # ---- the ASGI wrapper ----
 
     def written(self, now: float, nonempty: bool, final: bool) -> None:
@@ -233,7 +267,7 @@ class RequestTimer:
             if self.stream:
                 self._visible(now, k)
         if final:
-            self.end = now
+            self.end_ts = now
 
     def close(self) -> None:
         if not self.active:
@@ -242,13 +276,13 @@ class RequestTimer:
         c = self._c
         c.prompt_tokens.inc(self.n_prompt)
         c.generation_tokens.inc(self.n_tokens)
-        if self.outcome == "ok" and self.end is not None:
-            c.e2e.observe(self.end - self.arrival)
+        if self.outcome == "ok" and self.end_ts is not None:
+            c.e2e.observe(self.end_ts - self.arrival)
             for r in self.reasons:
                 c.success(r).inc()
             if self.n_tokens > 1:
                 if self.stream and self.first_write is not None:
-                    c.tpot.observe((self.end - self.first_write) / (self.n_tokens - 1))
+                    c.tpot.observe((self.end_ts - self.first_write) / (self.n_tokens - 1))
                 elif self.first_visible is not None:
                     c.tpot.observe((self.last_visible - self.first_visible) / (self.n_tokens - 1))
             if self.scheduled:
@@ -270,17 +304,6 @@ class RequestTimer:
             for _ in range(k):
                 itl.observe(gap)
         self.last_visible = now
-
-
-def current_timer(metrics: Metrics) -> RequestTimer:
-    """The timer `instrument` put in the current request's scope (a fresh one outside an instrumented app)."""
-    from quart import request
-
-    try:
-        t = request.scope.get(TIMER_KEY)
-    except RuntimeError:  # no request context
-        t = None
-    return t if t is not None else metrics.timer()
 
 
 def instrument(app, metrics: Metrics) -> None:

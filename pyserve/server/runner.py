@@ -22,7 +22,10 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .app import ServerConfig, create_app
+from ..engine.async_llm import AsyncLLM
+from .app import create_app
+from .auth import load_keys
+from .config import ServerConfig
 
 log = logging.getLogger("pyserve.server")
 
@@ -54,28 +57,27 @@ class ServeOptions:
     kv_cache_memory: int = 0
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 128  # per step: small chunks of new prompts keep inter-token latency steady
+    trust_request_chat_template: bool = False
 
 
-async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int:
-    from ..engine.async_llm import AsyncLLM
-
+def _app(opts: ServeOptions):
     template = None
     if opts.chat_template:
         with open(opts.chat_template, encoding="utf-8") as f:
             template = f.read()
-    from .auth import load_keys
-
     keys = load_keys(list(opts.api_keys) + ([opts.api_key] if opts.api_key else []), opts.api_key_file)
-    app = create_app(None, ServerConfig(
+    if keys:
+        log.info("API keys required (%d configured)", len(keys))
+    return create_app(None, ServerConfig(
         opts.served_model_name, template, None, api_keys=keys, metrics_require_key=opts.metrics_require_key,
         allowed_origins=list(opts.allowed_origins), rate_limit_rpm=opts.rate_limit_rpm,
         rate_limit_tpm=opts.rate_limit_tpm, max_waiting=opts.max_waiting, max_queue_wait=opts.max_queue_wait,
         max_body_size=opts.max_body_size, body_timeout=opts.body_timeout,
-        stalled_client_timeout=opts.stalled_client_timeout))
-    if keys:
-        log.info("API keys required (%d configured)", len(keys))
-    state = app.pyserve
+        stalled_client_timeout=opts.stalled_client_timeout,
+        trust_request_chat_template=opts.trust_request_chat_template))
 
+
+def _hypercorn_config(opts: ServeOptions) -> HypercornConfig:
     hc = HypercornConfig()
     hc.bind = [f"[{opts.host}]:{opts.port}" if ":" in opts.host else f"{opts.host}:{opts.port}"]
     hc.graceful_timeout = opts.drain_timeout + 5.0
@@ -87,66 +89,85 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
     hc.keep_alive_timeout = opts.keep_alive_timeout
     hc.h11_max_incomplete_size = 16 * 1024  # request line + headers
     hc.backlog = 1024
+    return hc
 
-    stop = trio.Event()  # first signal
-    force = trio.Event()  # second signal
-    code = 0
 
-    async def signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
+class _Signals:
+    """The first SIGINT / SIGTERM starts the drain (`stop`); a second skips its wait (`force`)."""
+
+    def __init__(self, state, drain_timeout: float):
+        self.state, self.drain_timeout = state, drain_timeout
+        self.stop, self.force = trio.Event(), trio.Event()
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
             task_status.started()
             async for signum in sigs:
-                if not stop.is_set():
-                    log.warning("%s: draining (up to %.0f s)", signal.Signals(signum).name, opts.drain_timeout)
-                    state.stopping = True
-                    stop.set()
-                else:
-                    force.set()
+                if self.stop.is_set():
+                    self.force.set()
+                    continue
+                log.warning("%s: draining (up to %.0f s)", signal.Signals(signum).name, self.drain_timeout)
+                self.state.stopping = True
+                self.stop.set()
 
+
+async def _drain(state, signals: _Signals, timeout: float) -> None:
+    """In-flight requests run on until they end, the deadline passes or a second signal comes; then the rest
+    end with an error chunk (the `draining` event) and get 2 s to write it."""
+    inflight = state.metrics.inflight
+    with trio.move_on_after(timeout):
+        async with trio.open_nursery() as waiters:
+            async def wait_force():
+                await signals.force.wait()
+                waiters.cancel_scope.cancel()
+
+            waiters.start_soon(wait_force)
+            await inflight.wait_idle()
+            waiters.cancel_scope.cancel()
+    if inflight.count:
+        log.warning("drain deadline: ending %d in-flight request(s)", inflight.count)
+    state.draining.set()
+    with trio.move_on_after(2.0):
+        await inflight.wait_idle()
+
+
+async def _run_engine(opts: ServeOptions, state, signals: _Signals, url: str, task_status) -> None:
+    engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
+                       kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
+                       max_num_batched_tokens=opts.max_num_batched_tokens)
+    async with AsyncLLM.open(opts.model, **engine_opts) as engine:
+        state.set_engine(engine)
+        if not signals.stop.is_set():
+            print(f"pyserve: serving {state.served_model_name} on {url}", flush=True)
+            task_status.started(url)
+        await signals.stop.wait()
+        await _drain(state, signals, opts.drain_timeout)
+    # the engine is stopped and every abort applied: what is still held is a leak
+    s = engine.llm.engine.stats()
+    log.info("engine stopped: %d running, %d waiting, %d kv blocks in use", s["running"], s["waiting"],
+             s["blocks_used"])
+
+
+async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int:
+    app = _app(opts)
+    state = app.pyserve
+    signals = _Signals(state, opts.drain_timeout)
+    code = 0
     async with trio.open_nursery() as nursery:
-        await nursery.start(signals)
-        binds = await nursery.start(partial(hypercorn_serve, app, hc, shutdown_trigger=stop.wait))
+        await nursery.start(signals.run)
+        binds = await nursery.start(partial(hypercorn_serve, app, _hypercorn_config(opts),
+                                            shutdown_trigger=signals.stop.wait))
         url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
-        engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
-                           kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
-                           max_num_batched_tokens=opts.max_num_batched_tokens)
         try:
-            async with AsyncLLM.open(opts.model, **engine_opts) as engine:
-                state.set_engine(engine)
-                if not stop.is_set():
-                    print(f"pyserve: serving {state.served_model_name} on {url}", flush=True)
-                    task_status.started(url)
-                await stop.wait()
-                with trio.move_on_after(opts.drain_timeout):
-                    async with trio.open_nursery() as waiters:
-                        async def wait_force():
-                            await force.wait()
-                            waiters.cancel_scope.cancel()
-
-                        waiters.start_soon(wait_force)
-                        while state.inflight:
-                            await trio.sleep(0.05)
-                        waiters.cancel_scope.cancel()
-                if state.inflight:
-                    log.warning("drain deadline: ending %d in-flight request(s)", state.inflight)
-                state.draining.set()
-                with trio.move_on_after(2.0):
-                    while state.inflight:
-                        await trio.sleep(0.01)
-            # the engine is stopped and every abort applied: what is still held is a leak
-            s = engine.llm.engine.stats()
-            log.info("engine stopped: %d running, %d waiting, %d kv blocks in use", s["running"], s["waiting"],
-                     s["blocks_used"])
+            await _run_engine(opts, state, signals, url, task_status)
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"pyserve: error: {e}", file=sys.stderr, flush=True)
             code = 2
-            stop.set()
+            signals.stop.set()
         # hypercorn returns once its connections close (bounded by graceful_timeout)
         with trio.move_on_after(3.0):
-            while True:
+            while len(nursery.child_tasks) > 1:
                 await trio.sleep(0.05)
-                if len(nursery.child_tasks) <= 1:
-                    break
         nursery.cancel_scope.cancel()
     log.info("pyserve: stopped")
     return code

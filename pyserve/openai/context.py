@@ -1,0 +1,75 @@
+"""What the server layer hands the serving layer with each request, so that serving never reaches up.
+
+- `observer`: the request's clock (the server's metrics timer). Serving reports what happens; the observer
+  decides what to measure. Outside an instrumented app, `NullObserver`.
+- `admit(demand)`: the HTTP edge's admission (per-key token rate limit, queue admission); raises a 429
+  OpenAIError or returns a ticket whose `release()` the serving layer calls when the request ends.
+- `draining`: set at the drain deadline of a shutdown; in-flight responses end with an error.
+- `stall_timeout` / `on_stall`: a stream whose client stops reading is aborted after that many seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+import trio
+
+
+class RequestObserver(Protocol):
+    def start(self, n_prompt: int, stream: bool) -> None:
+        """A generation begins: `n_prompt` prompt tokens (each prompt once, whatever n)."""
+
+    def output(self, out) -> int:
+        """Notes one engine delta (a StreamOutput); returns its token count."""
+
+    def received(self, k: int) -> None:
+        """Non-streamed: k tokens arrived from the engine now."""
+
+    def writing(self, k: int) -> None:
+        """Streamed: the body write about to be handed to the server carries k more tokens."""
+
+    def end(self, outcome: str) -> None:
+        """The generation is over: "ok", "error" or "abort" (the client went away)."""
+
+
+class NullObserver:
+    def start(self, n_prompt: int, stream: bool) -> None:
+        pass
+
+    def output(self, out) -> int:
+        return len(out.token_ids_delta)
+
+    def received(self, k: int) -> None:
+        pass
+
+    def writing(self, k: int) -> None:
+        pass
+
+    def end(self, outcome: str) -> None:
+        pass
+
+
+@dataclass
+class Demand:
+    """What a request asks of the server, for admission: each choice's (prompt tokens, max_tokens bound),
+    and the max_tokens the client sent (None: the bound is the rest of the context)."""
+    choices: list[tuple[int, int]]
+    asked: Optional[int]
+
+
+class _NoTicket:
+    def release(self) -> None:
+        pass
+
+
+def admit_all(demand: Demand) -> _NoTicket:
+    return _NoTicket()
+
+
+@dataclass
+class RequestContext:
+    observer: RequestObserver = field(default_factory=NullObserver)
+    admit: Callable[[Demand], object] = admit_all
+    draining: Optional[trio.Event] = None
+    stall_timeout: float = 0.0
+    on_stall: Optional[Callable[[], None]] = None

@@ -1,0 +1,171 @@
+"""The OpenAI response models (pydantic v2), in OpenAI's field order; `/openapi.json` describes them.
+
+Responses are pyserve's own data, so they are built without validation (`model_construct`: chunks are on
+every token's path) and serialized with `exclude_unset` (sse.dumps): every field is passed explicitly, and
+one that a response leaves out on purpose (a delta's `role` after the first chunk, `usage` when the client
+did not ask for it, `token_strs` unless asked) is absent from its JSON, as in OpenAI's.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Literal, Optional
+
+from pydantic import BaseModel, Field
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+    return Usage.model_construct(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                 total_tokens=prompt_tokens + completion_tokens,
+                                 prompt_tokens_details=PromptTokensDetails.model_construct(cached_tokens=cached_tokens))
+
+
+# ---- /v1/completions ----
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[str] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+
+
+# ---- /v1/chat/completions ----
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: Optional[float]
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
+    refusal: Optional[list[TokenLogprob]] = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: Optional[str]
+    refusal: Optional[str] = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: Optional[ChoiceLogprobs] = None
+    finish_reason: Optional[str] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChoiceLogprobs] = None
+    finish_reason: Optional[str] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+
+
+# ---- the other endpoints ----
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pyserve"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TemplateResponse(BaseModel):
+    prompt: str

@@ -1,0 +1,238 @@
+"""What chat and completions share: prompts to engine requests, the fan-in of streamed choices (collected
+or streamed as SSE), usage, and logprob formatting. Each endpoint's module adds only its own shapes.
+
+One response's life: `engine_requests` checks each prompt against the engine (a 400 before anything is
+sent) and asks the edge to admit it (a 429); `collect` or `stream_events` then runs the engine requests in
+`choice_outputs`, tells the request's observer what happens, and releases the admission ticket in its
+`finally` — which a client's disconnect reaches as Cancelled, aborting every engine request on the way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional, Protocol
+
+from .context import Demand, RequestContext
+from .errors import OpenAIError, bad_request, from_engine, server_error
+from .protocol import _Sampling
+from .responses import CompletionLogprobs, TokenLogprob, TopLogprob, Usage, usage
+from .served_model import ServedModel
+from .sse import DONE, SHUTDOWN, STALLED, EngineRequest, StallWatch, choice_outputs, event
+
+log = logging.getLogger("pyserve.server")
+
+
+# ---- prompts to engine requests ----
+
+def max_tokens_for(model: ServedModel, req: _Sampling, n_prompt: int, prompt_param: str) -> int:
+    """The request's completion bound for this prompt; the rest of the context when it sent none."""
+    asked, field_name = req.max_new_tokens()
+    n_ctx = model.max_model_len
+    if asked is None:
+        if n_prompt >= n_ctx:
+            raise bad_request(f"This model's maximum context length is {n_ctx} tokens. However, your prompt is "
+                              f"{n_prompt} tokens, leaving no room for the completion. Please reduce the length "
+                              f"of the prompt.", param=prompt_param, code="context_length_exceeded")
+        return n_ctx - n_prompt
+    if n_prompt + asked > n_ctx:
+        raise bad_request(f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+                          f"{n_prompt + asked} tokens ({n_prompt} in the prompt, {asked} in the completion). "
+                          f"Please reduce the length of the prompt or completion.", param=field_name,
+                          code="context_length_exceeded")
+    return asked
+
+
+def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sampling,
+                    prompts: list[list[int]], prompt_param: str) -> tuple[list[EngineRequest], object]:
+    """One engine request per prompt (its n choices forked in the engine), each checked by the engine, then
+    admitted by the edge. Returns them with the admission ticket."""
+    out, n = [], req.n_choices
+    base = req.to_sampling_params()
+    for p, ids in enumerate(prompts):
+        params = dataclasses.replace(base, max_tokens=max_tokens_for(model, req, len(ids), prompt_param))
+        try:
+            model.engine.check(ids, params)
+        except ValueError as e:
+            raise from_engine(e, prompt_param) from None
+        out.append(EngineRequest(p * n, ids, params, f"{rid}-{p}"))
+    demand = Demand([(len(r.prompt_ids), r.params.max_tokens) for r in out for _ in range(n)],
+                    req.max_new_tokens()[0])
+    return out, ctx.admit(demand)
+
+
+def _failed(out) -> bool:
+    return isinstance(out, Exception) or out.finish_reason not in (None, "stop", "length")
+
+
+def _engine_failure(out) -> OpenAIError:
+    if isinstance(out, Exception):
+        return from_engine(out)
+    log.error("engine request %s ended with %r", out.request_id, out.finish_reason)
+    return server_error(f"the engine failed the request: {out.finish_reason}")
+
+
+# ---- usage ----
+
+@dataclass
+class UsageCounter:
+    n_prompt: int
+    completion: int = 0
+    cached: int = 0
+
+    def add(self, out) -> None:
+        self.completion += len(out.token_ids_delta)
+        self.cached = max(self.cached, out.cached_tokens)
+
+    def usage(self) -> Usage:
+        return usage(self.n_prompt, self.completion, self.cached)
+
+
+def prompt_tokens(requests: list[EngineRequest]) -> int:
+    return sum(len(r.prompt_ids) for r in requests)
+
+
+# ---- non-streamed ----
+
+@dataclass
+class Choice:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+
+    def add(self, out) -> None:
+        self.text += out.text_delta
+        self.token_ids += out.token_ids_delta
+        self.logprobs += out.logprobs_delta or ()
+        self.finish_reason = out.finish_reason or self.finish_reason
+
+
+async def collect(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest],
+                  ticket) -> tuple[dict[int, Choice], Usage]:
+    """Runs every choice to its end: {choice index: Choice} and the usage."""
+    choices = {r.first_index + i: Choice() for r in requests for i in range(r.params.n)}
+    counter = UsageCounter(prompt_tokens(requests))
+    obs, outcome = ctx.observer, "abort"
+    obs.start(counter.n_prompt, stream=False)
+    try:
+        async with choice_outputs(model.engine, requests, ctx.draining) as recv:
+            async for batch in recv:
+                if batch[0] is SHUTDOWN:
+                    raise server_error("server shutting down", 503)
+                for idx, out in batch:
+                    if _failed(out):
+                        raise _engine_failure(out)
+                    choices[idx].add(out)
+                    counter.add(out)
+                obs.received(sum(obs.output(out) for _, out in batch))
+        outcome = "ok"
+    except Exception:
+        outcome = "error"
+        raise
+    finally:
+        ticket.release()
+        obs.end(outcome)
+    return choices, counter.usage()
+
+
+# ---- streamed ----
+
+class ChunkMaker(Protocol):
+    """An endpoint's streamed shapes."""
+
+    def first(self) -> list:
+        """Chunks sent at once, before any token."""
+
+    def delta(self, index: int, out) -> list:
+        """The chunks of one choice's delta (a StreamOutput)."""
+
+    def usage(self, u: Usage):
+        """The closing usage chunk (sent when the client asked for it)."""
+
+
+async def stream_events(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest], ticket,
+                        chunks: ChunkMaker, include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE body: every engine step's chunks in one write, then the usage chunk if asked, then [DONE].
+    Errors end the stream with an error event and [DONE]; Cancelled (the client left) ends it silently."""
+    counter = UsageCounter(prompt_tokens(requests))
+    stall = StallWatch(ctx.stall_timeout, ctx.on_stall)
+    obs, outcome = ctx.observer, "abort"
+    obs.start(counter.n_prompt, stream=True)  # here, not before: a body never started never runs its finally
+    try:
+        yield b"".join(event(c) for c in chunks.first())
+        async with choice_outputs(model.engine, requests, ctx.draining, stall) as recv:
+            async for batch in recv:
+                if batch[0] is SHUTDOWN or batch[0] is STALLED:
+                    outcome = "error"
+                    yield event(_interrupted(batch[0]).body()) + DONE
+                    return
+                data, k, failure = _write(obs, batch, chunks, counter)
+                if failure is not None:
+                    outcome = "error"
+                    yield data + event(failure.body()) + DONE
+                    return
+                obs.writing(k)
+                stall.writing()
+                yield data
+                stall.written()
+        yield (event(chunks.usage(counter.usage())) if include_usage else b"") + DONE
+        outcome = "ok"
+    except Exception as e:  # noqa: BLE001 - a bug; the client still gets a well-formed end
+        log.exception("stream failed")
+        outcome = "error"
+        yield event(server_error(f"internal error: {type(e).__name__}: {e}").body()) + DONE
+    finally:
+        ticket.release()
+        obs.end(outcome)
+
+
+def _interrupted(sentinel) -> OpenAIError:
+    if sentinel is SHUTDOWN:
+        return server_error("server shutting down", 503)
+    return server_error("client stopped reading: request aborted", 408)  # (counted when the watch fired)
+
+
+def _write(obs, batch: list, chunks: ChunkMaker, counter: UsageCounter) -> tuple[bytes, int, Optional[OpenAIError]]:
+    """The events of a batch's deltas up to its first failure, their token count, and that failure."""
+    buf, k = [], 0
+    for idx, out in batch:
+        if _failed(out):
+            return b"".join(buf), k, _engine_failure(out)
+        k += obs.output(out)
+        counter.add(out)
+        buf.extend(event(c) for c in chunks.delta(idx, out))
+    return b"".join(buf), k, None
+
+
+# ---- logprobs ----
+
+def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
+    return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+
+
+def completion_logprobs(model: ServedModel, token_ids: list[int], entries: list[dict], k: int,
+                        offset: int) -> CompletionLogprobs:
+    """Completions' logprobs: each token's text, its logprob, its top-k as {text: logprob}, its text offset."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, entry in zip(token_ids, entries):
+        text, _ = model.token_text(tid)
+        tokens.append(text)
+        token_lps.append(entry.get(tid))
+        tops.append({model.token_text(t)[0]: v for t, v in _top(entry, k)})
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
+                                              text_offset=offsets)
+
+
+def chat_logprobs(model: ServedModel, token_ids: list[int], entries: list[dict], k: int) -> list[TokenLogprob]:
+    """Chat's logprobs: per token its text, logprob, bytes and top-k alternatives."""
+    content = []
+    for tid, entry in zip(token_ids, entries):
+        text, b = model.token_text(tid)
+        top = [TopLogprob.model_construct(token=tt, logprob=v, bytes=list(tb))
+               for tt, tb, v in ((*model.token_text(t), v) for t, v in _top(entry, k))]
+        content.append(TokenLogprob.model_construct(token=text, logprob=entry.get(tid), bytes=list(b),
+                                                    top_logprobs=top))
+    return content

@@ -1,0 +1,39 @@
+"""/tokenize, /detokenize and /apply-template (vLLM's shapes; llama.cpp's `content` accepted for `prompt`)."""
+from __future__ import annotations
+
+from .errors import bad_request
+from .protocol import DetokenizeRequest, TemplateRequest, TokenizeRequest
+from .responses import DetokenizeResponse, TemplateResponse, TokenizeResponse
+from .served_model import ServedModel
+from .serving_chat import ChatServing
+
+
+class TokenServing:
+    def __init__(self, model: ServedModel, chat: ChatServing):
+        self.model, self.chat = model, chat
+
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        if req.messages is not None:
+            ids = self.chat.encode_rendered(await self.apply(req.as_template_request()))
+        else:
+            self.model.check_text_size(len(req.text.encode()), "prompt", factor=4)
+            ids = self.model.tokenizer.encode(req.text, add_special=req.add_special_tokens is not False,
+                                              parse_special=True)
+        strs = [self.model.token_text(t)[0] for t in ids] if req.return_token_strs else None
+        return TokenizeResponse.model_construct(tokens=ids, count=len(ids), max_model_len=self.model.max_model_len,
+                                                **({"token_strs": strs} if strs is not None else {}))
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        # The ids never reach the engine (which checks the ids of what it runs), so they are checked here.
+        n_vocab = self.model.engine.llm.engine.hparams["n_vocab"]
+        for t in req.tokens:
+            if not 0 <= t < n_vocab:
+                raise bad_request(f"token id {t} is outside the vocabulary [0, {n_vocab})", param="tokens")
+        return DetokenizeResponse.model_construct(prompt=self.model.tokenizer.decode(req.tokens, skip_special=False))
+
+    async def apply(self, req: TemplateRequest) -> str:
+        return await self.chat.render(req.messages, req.chat_template, req.chat_template_kwargs,
+                                      req.add_generation_prompt)
+
+    async def apply_template(self, req: TemplateRequest) -> TemplateResponse:
+        return TemplateResponse.model_construct(prompt=await self.apply(req))

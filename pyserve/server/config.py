@@ -1,0 +1,24 @@
+"""ServerConfig: the app's settings (what `pyserve serve` turns its flags into)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ServerConfig:
+    served_model_name: Optional[str] = None
+    chat_template: Optional[str] = None  # the template's source (from --chat-template FILE)
+    api_key: Optional[str] = None  # one key (kept for callers of the first version); merged into api_keys
+    api_keys: list = field(default_factory=list)
+    metrics_require_key: bool = False
+    allowed_origins: list = field(default_factory=list)  # CORS: off unless set ("*": any origin)
+    rate_limit_rpm: int = 0  # per key; 0: off
+    rate_limit_tpm: int = 0  # per key, prompt + max_tokens; 0: off
+    default_completion_estimate: int = 256  # tokens counted for a request without max_tokens
+    max_waiting: int = 0  # sequences waiting beyond the running capacity; 0: unbounded
+    max_queue_wait: float = 0.0  # seconds a request may be expected to wait before it starts; 0: no bound
+    max_body_size: int = 8 * 1024 * 1024  # bytes; larger bodies get 413
+    body_timeout: float = 30.0  # seconds to receive a body; slower gets 408
+    stalled_client_timeout: float = 30.0  # seconds a stream write may wait on a client that is not reading
+    trust_request_chat_template: bool = False  # render a template sent in a request (with CPU/memory limits)

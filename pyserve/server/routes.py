@@ -1,0 +1,88 @@
+"""The routes: each parses its input, hands the serving layer what it needs, and wraps what comes back."""
+from __future__ import annotations
+
+from quart import request
+from quart_trio import QuartTrio
+
+from ..openai.openapi import openapi_document
+from ..openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TemplateRequest,
+                               TokenizeRequest, parse_body)
+from ..openai.responses import ModelList
+from .info import model_info, server_info, version
+from .metrics import CONTENT_TYPE
+from .responses import json_response, reply
+
+
+async def _body(model: type):
+    return parse_body(model, await request.get_data(cache=False))
+
+
+def add_routes(app: QuartTrio, state) -> None:
+    _generation_routes(app, state)
+    _token_routes(app, state)
+    _info_routes(app, state)
+
+
+def _generation_routes(app: QuartTrio, state) -> None:
+    @app.post("/v1/completions")
+    async def completions():
+        req = await _body(CompletionRequest)
+        return reply(await state.serving().completions.create(req, state.context()))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions():
+        req = await _body(ChatCompletionRequest)
+        return reply(await state.serving().chat.create(req, state.context()))
+
+
+def _token_routes(app: QuartTrio, state) -> None:
+    @app.post("/tokenize")
+    async def tokenize():
+        req = await _body(TokenizeRequest)
+        return json_response(await state.serving().tokens.tokenize(req))
+
+    @app.post("/detokenize")
+    async def detokenize():
+        req = await _body(DetokenizeRequest)
+        return json_response(state.serving().tokens.detokenize(req))
+
+    @app.post("/apply-template")
+    async def apply_template():
+        req = await _body(TemplateRequest)
+        return json_response(await state.serving().tokens.apply_template(req))
+
+
+def _info_routes(app: QuartTrio, state) -> None:
+    @app.get("/health")
+    async def health():
+        if state.loaded is None:
+            return json_response({"status": "loading"}, 503)
+        if state.stopping:
+            return json_response({"status": "shutting down"}, 503)
+        return json_response({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models():
+        return json_response(ModelList(object="list", data=[state.serving().model_card()]))
+
+    @app.get("/v1/models/<path:model>")
+    async def model(model: str):
+        serving = state.serving()
+        serving.model.check_name(model)
+        return json_response(serving.model_card())
+
+    @app.get("/openapi.json")
+    async def openapi():
+        return json_response(openapi_document(version(), bool(state.edge.access.api_keys)))
+
+    @app.get("/server_info")
+    async def info():
+        return json_response(server_info(state))
+
+    @app.get("/model_info")
+    async def model_details():
+        return json_response(model_info(state.serving().model))
+
+    @app.get("/metrics")
+    async def metrics():
+        return state.metrics.render(), 200, {"Content-Type": CONTENT_TYPE}

@@ -1,0 +1,63 @@
+"""The package's layer order holds: engine → openai → server → cli, each importing only its own layer or
+those below; bench (a client of any server) imports none of them. `pyserve/__init__.py` is the facade that
+re-exports from every layer, and `_engine` (the compiled extension) is below them all."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pyserve
+
+ROOT = Path(pyserve.__file__).resolve().parent
+ORDER = {"_engine": 0, "engine": 1, "openai": 2, "server": 3, "cli": 4, "__main__": 5}
+
+
+def _layer(module: str) -> str:
+    """'pyserve.openai.protocol' → 'openai'; 'pyserve' → ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _imports(path: Path, module: str):
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+            else:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            yield from (n for n in names if n == "pyserve" or n.startswith("pyserve."))
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.startswith("pyserve"))
+
+
+def _modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield path, ".".join(parts)
+
+
+def _allowed(layer: str, target_layer: str) -> bool:
+    if layer == "bench":
+        return target_layer == "bench"
+    if target_layer == "bench":
+        return layer == "cli"  # the command line mounts `pyserve bench`
+    return ORDER.get(target_layer, 99) <= ORDER[layer]
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad, seen = [], 0
+    for path, module in _modules():
+        layer = _layer(module)
+        if layer == "":
+            continue  # the facade
+        seen += 1
+        bad += [f"{module} imports {t}" for t in _imports(path, module) if not _allowed(layer, _layer(t))]
+    assert not bad, "\n".join(bad)
+    assert seen > 20  # the walk saw the package
