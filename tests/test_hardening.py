@@ -18,10 +18,18 @@ import trio
 from pyserve.server.admission import AdmissionQueue, RateLimiter, TokenBucket
 from pyserve.server.auth import AccessConfig, load_keys, match_key
 from pyserve.openai.errors import OpenAIError, from_engine
-from pyserve.openai.protocol import parse_chat, parse_completion, parse_json
+from pyserve.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from test_server import CHAT, MODEL, Server
 
 # ---- validation (unit) ----
+
+def parse_chat(body: dict) -> ChatCompletionRequest:
+    return parse_body(ChatCompletionRequest, json.dumps(body).encode())
+
+
+def parse_completion(body: dict) -> CompletionRequest:
+    return parse_body(CompletionRequest, json.dumps(body).encode())
+
 
 U = [{"role": "user", "content": "hi"}]
 
@@ -134,15 +142,16 @@ def test_vocabulary_checks_are_the_engines(llm):
 
 @pytest.mark.parametrize("data", [b"\xff\xfe{", b'{"prompt": "\xc3\x28"}', b"", b"   ", b"{not json",
                                   b'{"prompt": NaN}', b'{"temperature": Infinity}', b"[" * 100000 + b"]" * 100000,
-                                  b'{"prompt": "\\ud800"}', b'{"a": ' * 70 + b"1" + b"}" * 70])
-def test_parse_json_refuses(data):
+                                  b'{"prompt": "\\ud800"}', b'{"a": ' * 70 + b"1" + b"}" * 70,
+                                  b'{"prompt": "x", "a": ' + b"[" * 201 + b"]" * 201 + b"}"])
+def test_parse_body_refuses(data):
     with pytest.raises(OpenAIError) as ei:
-        parse_json(data)
+        parse_body(CompletionRequest, data)
     assert ei.value.status == 400
 
 
-def test_parse_json_accepts():
-    assert parse_json(b'\xef\xbb\xbf{"prompt": "\\ud83d\\ude00"}') == {"prompt": "\U0001F600"}
+def test_parse_body_accepts():
+    assert parse_body(CompletionRequest, b'\xef\xbb\xbf{"prompt": "\\ud83d\\ude00"}').prompt == "\U0001F600"
 
 
 # ---- auth (unit) ----

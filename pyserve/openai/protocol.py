@@ -1,15 +1,14 @@
 """The OpenAI request models (pydantic v2), in OpenAI's field order, with OpenAI's bounds declared once on
 the fields; `/openapi.json` is generated from the same models (openapi.py).
 
-Bodies are strict JSON (`parse_json`), then validated in strict mode (no "1" for 1, no true for 1). Unknown
-fields are accepted and ignored (the first few names are logged once). A validation error becomes OpenAI's
+A body is parsed and validated in one pass of pydantic's JSON parser (`parse_body`), in strict mode (no "1"
+for 1, no true for 1). Unknown fields are accepted and ignored (the first few names are logged once). A validation error becomes OpenAI's
 error JSON with `param` taken from the error's location (errors.from_validation). Rules that tie two fields
 together raise OpenAIError from a model validator (pydantic passes it through untouched). `to_sampling_params`
 is the only bridge to the engine.
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -31,7 +30,6 @@ MAX_STOP_LEN = 256  # characters per stop string
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 1024  # entries
 MAX_MESSAGES = 4096
-MAX_JSON_DEPTH = 64
 SEED_MASK = (1 << 63) - 1  # the engine takes a non-negative int64 seed
 
 # A token id on the wire: an int32, the engine's id type (whether it is in the vocabulary is the engine's rule)
@@ -47,51 +45,6 @@ def _unsupported(what: str) -> PydanticCustomError:
 
 class _Model(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-
-# ---- the body ----
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _check_tree(v: Any, depth: int = 0) -> None:
-    """No lone surrogates in any string (they cannot be encoded as UTF-8) and bounded nesting."""
-    if depth > MAX_JSON_DEPTH:
-        raise bad_request(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
-    if isinstance(v, str):
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            raise bad_request("the request body holds a string with a lone surrogate (\\ud800-\\udfff), "
-                              "which is not valid Unicode") from None
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            _check_tree(k, depth + 1)
-            _check_tree(x, depth + 1)
-    elif isinstance(v, list):
-        for x in v:
-            _check_tree(x, depth + 1)
-
-
-def parse_json(data: bytes) -> Any:
-    """The request body as JSON: strict UTF-8, no NaN / Infinity, bounded nesting; a 400 otherwise."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise bad_request(f"the request body is not valid UTF-8: {e}") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    if not text.strip():
-        raise bad_request("the request body is empty; a JSON object is required")
-    try:
-        obj = json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise bad_request(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
-    except ValueError as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
-    _check_tree(obj)
-    return obj
 
 
 # ---- messages ----
@@ -466,18 +419,6 @@ def _log_unknown(req: BaseModel) -> None:
                         " (no more are logged)" if len(_logged_unknown) == _MAX_LOGGED_UNKNOWN else "")
 
 
-def parse(model: type[BaseModel], body: Any):
-    """A request already decoded from JSON as `model`; OpenAIError (400 with `param`) if it does not fit."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    try:
-        req = model.model_validate(body)
-    except ValidationError as e:
-        raise from_validation(e) from None
-    _log_unknown(req)
-    return req
-
-
 def parse_body(model: type[BaseModel], data: bytes):
     """The HTTP body (bytes) as `model`, parsed and validated in one pass of pydantic's JSON parser, which
     refuses invalid UTF-8, lone surrogates, NaN / Infinity in any declared field and nesting past its
@@ -497,11 +438,3 @@ def parse_body(model: type[BaseModel], data: bytes):
         raise from_validation(e) from None
     _log_unknown(req)
     return req
-
-
-def parse_chat(body: Any) -> ChatCompletionRequest:
-    return parse(ChatCompletionRequest, body)
-
-
-def parse_completion(body: Any) -> CompletionRequest:
-    return parse(CompletionRequest, body)

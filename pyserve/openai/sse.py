@@ -83,6 +83,22 @@ class StallWatch:
                 return
 
 
+async def _next_batch(recv) -> list:
+    """Everything that arrived since the last batch (at least one item)."""
+    batch = [await recv.receive()]
+    while True:
+        try:
+            batch.append(recv.receive_nowait())
+        except trio.WouldBlock:
+            return batch
+
+
+def _choices_ended(batch: list, width: dict[int, int]) -> int:
+    """Choices a batch ends: one per final delta, all of a request's on its exception."""
+    return sum(width[idx] if isinstance(out, Exception) else 1 for idx, out in batch
+               if isinstance(out, Exception) or out.finish_reason)
+
+
 @trio.as_safe_channel
 async def choice_outputs(engine, requests: list[EngineRequest], shutdown: Optional[trio.Event] = None,
                          stall: Optional[StallWatch] = None):
@@ -111,18 +127,12 @@ async def choice_outputs(engine, requests: list[EngineRequest], shutdown: Option
             nursery.start_soon(stall.watch, nursery.cancel_scope)
         left = sum(width.values())
         while left:
-            batch = [await recv.receive()]
-            while True:
-                try:
-                    batch.append(recv.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            batch = await _next_batch(recv)
             if any(item is SHUTDOWN for item in batch):
                 yield [SHUTDOWN]  # (cancelling before a yield would cancel the hand-over too)
                 nursery.cancel_scope.cancel()
                 return
-            left -= sum(width[idx] if isinstance(out, Exception) else 1 for idx, out in batch
-                        if isinstance(out, Exception) or out.finish_reason)
+            left -= _choices_ended(batch, width)
             yield batch
         nursery.cancel_scope.cancel()
     if stall is not None and stall.stalled:
