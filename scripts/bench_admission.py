@@ -14,43 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import trio
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def start_server(extra: list[str], threads: int) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--port", "0", "--threads", str(threads),
-                             *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        m = re.search(r"serving .* on (http://\S+)", line or "")
-        if m:
-            return proc, m.group(1)
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise SystemExit("server did not start")
-
-
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+from pyserve.bench.launch import ServerProcess
+from pyserve.bench.stats import summarize
 
 
 async def one(http: httpx.AsyncClient, i: int, max_tokens: int, out: list) -> None:
@@ -95,10 +68,12 @@ def report(name: str, out: list, wall: float) -> dict:
     ok = [o for o in out if o["status"] == 200]
     refused = [o for o in out if o["status"] == 429]
     other = [o for o in out if o["status"] not in (200, 429)]
-    ttft = [o["ttft"] for o in ok if o["ttft"] is not None]
+    ttft = summarize(o["ttft"] for o in ok if o["ttft"] is not None)
+    refuse_p99 = summarize(o["latency"] for o in refused)["p99"]
+    nan = float("nan")  # no such requests
     row = {"run": name, "offered": len(out), "accepted": len(ok), "refused_429": len(refused), "other": len(other),
-           "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90), "ttft_p99": pct(ttft, 99), "ttft_max": pct(ttft, 100),
-           "refuse_latency_p99": pct([o["latency"] for o in refused], 99), "goodput_rps": len(ok) / wall}
+           **{f"ttft_{k}": nan if ttft[k] is None else ttft[k] for k in ("p50", "p90", "p99", "max")},
+           "refuse_latency_p99": nan if refuse_p99 is None else refuse_p99, "goodput_rps": len(ok) / wall}
     print(f"{name:>22}: offered {row['offered']:4d}  accepted {row['accepted']:4d}  refused(429) "
           f"{row['refused_429']:4d}  other {row['other']}  | TTFT p50 {row['ttft_p50']:6.2f}s  p90 "
           f"{row['ttft_p90']:6.2f}s  p99 {row['ttft_p99']:6.2f}s  max {row['ttft_max']:6.2f}s  | 429 answered in "
@@ -126,13 +101,9 @@ def main() -> int:
           f"max_num_seqs {args.max_num_seqs}, {args.threads} threads", flush=True)
     rows = []
     for name, extra in runs:
-        proc, url = start_server(extra, args.threads)
-        try:
-            out, wall = trio.run(load, url, args.rate, args.duration, args.max_tokens, args.seed)
+        with ServerProcess(*extra, threads=args.threads) as srv:
+            out, wall = trio.run(load, srv.url, args.rate, args.duration, args.max_tokens, args.seed)
             rows.append(report(name, out, wall))
-        finally:
-            proc.terminate()
-            proc.wait(30)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

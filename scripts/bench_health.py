@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import statistics
 import subprocess
 import sys
 import time
@@ -21,15 +18,8 @@ import time
 import httpx
 import trio
 
-
-def start_server(threads: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--port", "0", "--threads", str(threads)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
-    for line in proc.stdout:
-        m = re.search(r"serving .* on (http://\S+)", line)
-        if m:
-            return proc, m.group(1)
-    raise RuntimeError("server did not start")
+from pyserve.bench.launch import ServerProcess
+from pyserve.bench.stats import summarize
 
 
 async def stream_one(http: httpx.AsyncClient, i: int, max_tokens: int, counts: list) -> None:
@@ -77,10 +67,10 @@ async def run(url: str, streams: int, max_tokens: int) -> None:
                 nursery.start_soon(stream_one, http, i, max_tokens, counts)
         elapsed = time.perf_counter() - t0
         lat = stop_probe(probe)
-    q = statistics.quantiles(lat, n=100)
+    s = summarize(lat)
     print(f"{streams} streams x {max_tokens} tokens: {counts[0] / elapsed:.1f} tok/s aggregate over {elapsed:.1f} s")
-    print(f"/health during the load ({len(lat)} probes): p50 {q[49] * 1000:.2f} ms  p99 {q[98] * 1000:.2f} ms  "
-          f"max {max(lat) * 1000:.2f} ms")
+    print(f"/health during the load ({len(lat)} probes): p50 {s['p50'] * 1000:.2f} ms  p99 {s['p99'] * 1000:.2f} ms  "
+          f"max {s['max'] * 1000:.2f} ms")
 
 
 def main() -> None:
@@ -90,16 +80,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--url", default=None, help="an already running server")
     args = ap.parse_args()
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = start_server(args.threads)
-    try:
-        trio.run(run, url, args.streams, args.max_tokens)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
+    if args.url:
+        trio.run(run, args.url, args.streams, args.max_tokens)
+        return
+    with ServerProcess(threads=args.threads) as srv:
+        trio.run(run, srv.url, args.streams, args.max_tokens)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
     python3 scripts/soak.py --minutes 0.5 --streams 16 --warmup 10 --json out.json
     python3 scripts/soak.py --url http://127.0.0.1:8000 --pid 1234 --minutes 5   # a server already running
 
+(pyserve must import: installed, or a checkout built in place with PYTHONPATH=$PWD; the server it starts runs
+that pyserve.)
+
 Each of --streams workers loops until the deadline over: a valid streaming request (completions or chat)
 read to the end, or dropped after a few chunks / before any (~--disconnect, 30%), or read by a slow reader
 (a raw socket with a tiny receive buffer that sleeps between small reads: the server's deltas merge); now
@@ -20,14 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,7 +33,10 @@ from pathlib import Path
 import httpx
 import trio
 
-ROOT = Path(__file__).resolve().parent.parent
+from pyserve.bench.launch import ServerProcess
+from pyserve.bench.prometheus import parse_metrics, totals
+from pyserve.bench.stats import summarize
+
 PROMPTS = ["Once upon a time", "The capital of France is", "List three colours:", "Write a haiku about rain.",
            "def fibonacci(n):", "Explain gravity to a child.", "1, 2, 3, 4,", "Translate 'hello' into Spanish."]
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
@@ -45,66 +46,12 @@ CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 # the server under test
 # ---------------------------------------------------------------------------------------------------
 
-def pyserve_home() -> str:
-    """The folder holding the pyserve to run: the importable one (installed, or built in place and on
-    PYTHONPATH), else this checkout (which then needs the extension built in place)."""
-    try:
-        import pyserve
-    except ImportError:
-        return str(ROOT)
-    return str(Path(pyserve.__file__).resolve().parent.parent)
-
-
-class ServerProc:
-    def __init__(self, args: list[str]):
-        here = pyserve_home()
-        env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", "0",
-                                      *args], cwd=here, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        self.stderr: list[str] = []
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        deadline = time.monotonic() + 120
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line or "serving" in line:
-                break
-        m = re.search(r"on (http://\S+)", line)
-        if not m:
-            self.proc.kill()
-            raise RuntimeError(f"server did not start: {line!r}\n{''.join(self.stderr)[-4000:]}")
-        self.url = m.group(1)
-        self.pid = self.proc.pid
-
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return -9
-
-
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def parse_metrics(text: str) -> dict:
-    out = {}
-    for m in re.finditer(r"^pyserve:(\w+)(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
-        out.setdefault(m.group(1), float(m.group(2)))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -389,7 +336,7 @@ async def settle(url: str, timeout: float = 20.0) -> dict:
         t0 = time.monotonic()
         m = {}
         while time.monotonic() - t0 < timeout:
-            m = parse_metrics((await http.get("/metrics")).text)
+            m = totals(parse_metrics((await http.get("/metrics")).text)[0], "pyserve:")
             if m.get("kv_blocks_used", 1) == 0 and m.get("num_requests_running", 1) == 0 \
                     and m.get("num_requests_waiting", 0) == 0:
                 break
@@ -403,12 +350,12 @@ def soak(args) -> dict:
     server = None
     url, pid = args.url, args.pid
     if not url:
-        sargs = ["--threads", str(args.threads), "--max-num-seqs", str(args.max_num_seqs), "--drain-timeout", "5"]
+        sargs = ["--max-num-seqs", str(args.max_num_seqs), "--drain-timeout", "5"]
         if args.num_kv_blocks:
             sargs += ["--num-kv-blocks", str(args.num_kv_blocks)]
         if args.model:
             sargs += ["--model", args.model]
-        server = ServerProc(sargs)
+        server = ServerProcess(*sargs, threads=args.threads).wait_ready()
         url, pid = server.url, server.pid
     report: dict = {"url": url, "seed": seed, "streams": args.streams}
     try:
@@ -431,9 +378,8 @@ def soak(args) -> dict:
         report["warmup_outcomes"] = dict(warm.c)
         report["slow_reader"] = {"tokens": st.slow_tokens, "chunks": st.slow_chunks}
         if st.gaps:
-            g = sorted(st.gaps)
-            report["stream_max_gap_s"] = {"p50": round(g[len(g) // 2], 3), "p99": round(g[int(len(g) * 0.99)], 3),
-                                          "max": round(g[-1], 3)}
+            g = summarize(st.gaps)
+            report["stream_max_gap_s"] = {k: round(g[k], 3) for k in ("p50", "p99", "max")}
         failures = list(warm.failures) + list(st.failures)
         if m.get("kv_blocks_used") != 0:
             failures.append(f"kv blocks in use after the load: {m.get('kv_blocks_used')}")

@@ -1,29 +1,20 @@
 """`pyserve bench`: statistics, capacity search and Prometheus parsing on their own, then real runs against a
-real server started on a free loopback port.
-
-The server is pyserve's own (`python -m pyserve serve`). PYSERVE_BENCH_TEST_SERVER=llama-cpp runs the same
-tests against llama-cpp-python's OpenAI-compatible server instead (`python -m llama_cpp.server`, needs its
-server extras), which has no /tokenize, /metrics or usage in streams: the fallback paths.
-"""
+real `pyserve serve` on a free loopback port (with /tokenize, /metrics and usage in streams, and with them
+turned off: the paths for servers that have none)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pyserve import bench
+from pyserve.bench.launch import ServerProcess
 
-SERVER = os.environ.get("PYSERVE_BENCH_TEST_SERVER", "pyserve")
+MODEL = "gemma-3-270m-q4_k_m"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -35,7 +26,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------ no server needed
 
 def test_summarize_matches_numpy_percentiles():
-    np = pytest.importorskip("numpy")
     rng = np.random.default_rng(0)
     for n in (1, 2, 3, 10, 101, 1000):
         v = rng.exponential(size=n).tolist()
@@ -46,6 +36,10 @@ def test_summarize_matches_numpy_percentiles():
         assert s["max"] == max(v)
         assert s["p50"] <= s["p90"] <= s["p95"] <= s["p99"] <= s["max"]
     assert bench.summarize([]) == {k: None for k in bench.STAT_KEYS}
+    # linear interpolation between ranks, by hand: p50 of 1..4 is 2.5, p90 is 1 + 0.9 * 3
+    assert bench.summarize([4, 1, 3, 2]) == {"mean": 2.5, "p50": 2.5, "p90": pytest.approx(3.7),
+                                             "p95": pytest.approx(3.85), "p99": pytest.approx(3.97), "max": 4.0}
+    assert bench.summarize(x for x in [7.0]) == dict.fromkeys(bench.STAT_KEYS, 7.0)
 
 
 @pytest.mark.parametrize("limit,max_c,expected", [(0, 64, 0), (1, 64, 1), (5, 64, 5), (37, 64, 37),
@@ -64,6 +58,7 @@ def test_search_capacity(limit, max_c, expected):
 
 
 def test_metrics_delta():
+    # (a family's samples stand together, as in any exposition: the code="500" series is new in `after`)
     before = """# HELP x_requests_total Requests.
 # TYPE x_requests_total counter
 x_requests_total{code="200"} 5.0
@@ -75,18 +70,29 @@ x_latency_seconds_bucket{le="0.1"} 2
 x_latency_seconds_sum 1.5
 x_latency_seconds_count 4
 """
-    after = before.replace('} 5.0', '} 9.0').replace("x_running 3", "x_running 0") \
-        .replace("_sum 1.5", "_sum 2.5").replace("_count 4", "_count 6") + 'x_requests_total{code="500"} 1\n'
+    after = before.replace('} 5.0', '} 9.0\nx_requests_total{code="500"} 1').replace("x_running 3", "x_running 0") \
+        .replace("_sum 1.5", "_sum 2.5").replace("_count 4", "_count 6")
     d = bench.metrics_delta(before, after)
     assert d == {'x_requests_total{code="200"}': 4.0, 'x_requests_total{code="500"}': 1.0, "x_running": 0.0,
                  "x_latency_seconds_sum": 1.0, "x_latency_seconds_count": 2.0}
+    samples, types = bench.parse_metrics(after)
+    assert (types["x_requests"], types["x_running"], types["x_latency_seconds"]) == ("counter", "gauge", "histogram")
+    assert bench.total(samples, "x_requests_total") == 10.0
+    assert bench.total(samples, "x_requests_total", code="500") == 1.0
+    assert bench.total(samples, "x_nothing") == 0.0
+    assert bench.totals(samples)["x_latency_seconds_count"] == 6.0
+    label = 'x_total{path="a\\"b"} 1\n'  # an escaped quote in a label value comes back escaped
+    assert bench.metrics_delta("", "# TYPE x_total counter\n" + label) == {'x_total{path="a\\"b"}': 1.0}
+    with pytest.raises(ValueError):
+        bench.metrics_delta("", "<html>not metrics</html>")
 
 
 def test_chunk_text():
-    assert bench._chunk_text({"choices": [{"text": "ab"}]}) == "ab"
-    assert bench._chunk_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
-    assert bench._chunk_text({"choices": [{"delta": {"content": "x"}}]}) == "x"
-    assert bench._chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
+    assert bench.chunk_text({"choices": [{"text": "ab"}]}) == "ab"
+    assert bench.chunk_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
+    assert bench.chunk_text({"choices": [{"delta": {"content": "x"}}]}) == "x"
+    assert bench.chunk_text({"choices": [{"delta": {"content": "x", "reasoning_content": "y"}}]}) == "xy"
+    assert bench.chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
 
 
 def test_prompts_by_characters_have_the_set_length():
@@ -103,135 +109,122 @@ def test_prompts_by_characters_have_the_set_length():
     assert all(abs(n - 50) <= 1 for n in maker.lengths), maker.lengths
 
 
-def test_argument_checks():
+def test_argument_checks(monkeypatch, capsys):
     assert bench.run(parse(["--base-url", "http://x", "--concurrency", "1", "--request-rate", "2"])) == 2
     assert bench.run(parse(["--base-url", "http://x", "--find-capacity"])) == 2
     assert bench.run(parse(["--base-url", "http://x", "--input-len", "8", "--shared-prefix-len", "8"])) == 2
     with pytest.raises(SystemExit):
         parse(["--base-url", "http://x", "--concurrency", "0"])
+    # --plot without a matplotlib that imports: refused before any request (http://x is never reached)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    capsys.readouterr()
+    assert bench.run(parse(["--base-url", "http://x", "--plot", "p.png"])) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
 
 
 def test_table_and_plot(tmp_path):
     lv = bench.level_report([], 1.0, 4)
     lv["mode"] = "closed"
-    assert "conc" in bench.format_table([lv])
-    pytest.importorskip("matplotlib")
+    assert lv["completed"] == lv["errors"] == lv["output_tokens"] == 0 and lv["output_tokens_mean"] is None
+    head, rule, row, note = bench.format_table([lv]).splitlines()
+    assert head.split()[:3] == ["conc", "done", "err"] and row.split() == ["4", "0", "0", "0.00", "0.0"] + ["-"] * 9
     levels = []
     for c in (1, 2, 4):
         r = bench.RequestResult(ok=True, ttft=0.1 * c, e2e=0.5 * c, itl=[0.01 * c] * 4, output_tokens=5)
-        levels.append(bench.level_report([r], 1.0, c))
+        bad = bench.RequestResult(error="HTTP 500: boom")
+        levels.append(bench.level_report([r, bad], 2.0, c))
+    lv = levels[1]
+    assert lv["completed"] == 1 and lv["errors"] == 1 and lv["error_messages"] == {"HTTP 500: boom": 1}
+    assert lv["output_tokens_per_s"] == 2.5 and lv["requests_per_s"] == 0.5 and lv["output_tokens_mean"] == 5
+    assert lv["ttft"]["p50"] == pytest.approx(0.2) and lv["e2e"]["max"] == pytest.approx(1.0)
+    assert lv["tpot"]["mean"] == pytest.approx((1.0 - 0.2) / 4) and lv["itl"]["p99"] == pytest.approx(0.02)
+    row = bench.format_table(levels).splitlines()[3].split()
+    assert row == ["2", "1", "1", "0.50", "2.5", "5.0", "200.0", "200.0", "20.0", "20.0", "200.0", "200.0",
+                   "1.00", "1.00"]
     bench.plot_levels({"levels": levels, "capacity": 2, "slo": {"itl_p99": 0.03}}, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ----------------------------------------------------------------------------------------- a real server
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url():
-    pytest.importorskip("httpx")
-    import httpx
-
-    port = _free_port()
-    if SERVER == "llama-cpp":
-        from pyserve.engine.model_source import resolve_model
-
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", resolve_model(None), "--host", "127.0.0.1",
-               "--port", str(port), "--n_threads", "1", "--n_ctx", "2048", "--interrupt_requests", "False"]
-        ready_path = "/v1/models"
-    else:
-        cmd = [sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--threads", "1"]
-        ready_path = "/health"
-    log = tempfile.TemporaryFile()
-    import pyserve  # the server runs the pyserve the tests import (installed, or built in place)
-
-    here = str(Path(pyserve.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, cwd=here, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"{SERVER} server exited with {proc.returncode}:\n{log.read().decode()[-3000:]}")
-            try:
-                if httpx.get(url + ready_path, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"{SERVER} server not ready in 120 s")
-            time.sleep(0.25)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with ServerProcess(threads=1) as srv:
+        yield srv.url
+    assert srv.returncode == 0, "".join(srv.stderr)
 
 
-def _check_level(lv: dict, output_len: int) -> None:
-    assert lv["completed"] > 0
+def _check_level(lv: dict, sent: int, output_len: int, exact: bool) -> None:
+    """A level of `sent` requests that all succeeded; `exact`: the server reported usage (tokens, not chunks)."""
     assert lv["errors"] == 0, lv.get("error_messages")
-    assert lv["output_tokens_per_s"] > 0 and lv["requests_per_s"] > 0
+    assert lv["completed"] == sent
+    assert lv["duration_s"] > 0
+    assert lv["requests_per_s"] == pytest.approx(sent / lv["duration_s"])
+    assert lv["output_tokens_per_s"] == pytest.approx(lv["output_tokens"] / lv["duration_s"])
+    assert lv["output_tokens_mean"] == pytest.approx(lv["output_tokens"] / sent)
+    if exact:  # ignore_eos: every request ran to max_tokens
+        assert lv["output_tokens"] == sent * output_len
+    else:  # content chunks: never more than tokens, fewer where deltas merged or text was held back
+        assert sent <= lv["output_tokens"] <= sent * output_len
     for key in ("ttft", "itl", "tpot", "e2e"):
         s = lv[key]
-        assert set(bench.STAT_KEYS) <= set(s), key
+        assert set(s) == set(bench.STAT_KEYS), key
         assert 0 < s["p50"] <= s["p90"] <= s["p95"] <= s["p99"] <= s["max"], (key, s)
         assert s["mean"] <= s["max"]
     assert lv["ttft"]["max"] <= lv["e2e"]["max"]
     assert lv["ttft"]["p50"] <= lv["e2e"]["p50"]
     assert lv["tpot"]["max"] <= lv["e2e"]["max"]
-    assert 1 < lv["output_tokens_mean"] <= output_len
+    assert lv["itl"]["p50"] <= lv["e2e"]["p50"]
 
 
 def test_bench_closed_loop(server_url, tmp_path):
-    out = tmp_path / "bench.json"
-    argv = ["--base-url", server_url, "--concurrency", "1,2", "--num-prompts", "4", "--input-len", "32",
-            "--output-len", "8", "--shared-prefix-len", "16", "--output-json", str(out), "--no-progress"]
-    try:
-        import matplotlib  # noqa: F401
-        argv += ["--plot", str(tmp_path / "bench.png")]
-    except ImportError:
-        pass
-    assert bench.run(parse(argv)) == 0
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert bench.run(parse(["--base-url", server_url, "--concurrency", "1,2", "--num-prompts", "4",
+                            "--input-len", "32", "--output-len", "8", "--shared-prefix-len", "16",
+                            "--output-json", str(out), "--plot", str(png), "--no-progress"])) == 0
     result = json.loads(out.read_text())
     levels = result["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert [lv["mode"] for lv in levels] == ["closed", "closed"]
+    cfg = result["config"]
+    assert cfg["model"] == MODEL and cfg["base_url"] == server_url and cfg["length_unit"].startswith("tokens")
+    assert cfg["prompt_len_mean"] == 32 and cfg["output_len"] == 8 and "api_key" not in cfg
     for lv in levels:
-        assert lv["completed"] + lv["errors"] == 4
-        _check_level(lv, 8)
-    if SERVER == "pyserve":  # exact lengths: /tokenize and usage in the stream
-        assert result["config"]["length_unit"].startswith("tokens")
-        for lv in levels:
-            assert lv["usage_reported"] is True
-            assert lv["output_tokens_mean"] == 8  # ignore_eos
-            assert lv["prompt_tokens_mean"] == 32
-            assert lv["server_metrics"]
-    if "--plot" in argv:
-        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+        _check_level(lv, 4, 8, exact=True)
+        assert lv["usage_reported"] is True
+        assert lv["prompt_tokens_mean"] == 32  # the server's count: the prompts were cut to --input-len exactly
+        # the server saw this level's requests: one first token each (recorded before the stream goes on)
+        ttft = [v for k, v in lv["server_metrics"].items() if k.startswith("pyserve:time_to_first_token_seconds_count")]
+        assert ttft == [4.0], lv["server_metrics"]
+        assert lv["server_metrics"]["pyserve:kv_blocks_total" + "{model_name=\"" + MODEL + "\"}"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_without_tokenize_usage_or_metrics(server_url, tmp_path):
+    """The paths for servers without POST /tokenize, usage in streams or GET /metrics: lengths estimated from
+    characters, output tokens counted as content chunks, no server_metrics."""
+    out = tmp_path / "plain.json"
+    assert bench.run(parse(["--base-url", server_url, "--concurrency", "2", "--num-prompts", "3", "--input-len", "24",
+                            "--output-len", "6", "--no-tokenize", "--no-server-metrics", "--warmup", "0",
+                            "--extra-body", '{"stream_options": {"include_usage": false}}',
+                            "--output-json", str(out), "--no-progress"])) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["length_unit"] == "chars/4"
+    assert abs(result["config"]["prompt_len_mean"] - 24) <= 1  # estimated: 4 characters a token
+    lv, = result["levels"]
+    _check_level(lv, 3, 6, exact=False)
+    assert lv["usage_reported"] is False and lv["prompt_tokens_mean"] is None and "server_metrics" not in lv
 
 
 def test_bench_open_loop_and_capacity(server_url, tmp_path):
     out = tmp_path / "rate.json"
-    # llama-cpp's chat endpoint ignores ignore_eos, and its tiny model may answer nothing.
-    endpoint = "chat" if SERVER == "pyserve" else "completions"
     assert bench.run(parse(["--base-url", server_url, "--request-rate", "20", "--num-prompts", "3",
-                            "--input-len", "16", "--output-len", "4", "--endpoint", endpoint, "--warmup", "0",
+                            "--input-len", "16", "--output-len", "4", "--endpoint", "chat", "--warmup", "0",
                             "--output-json", str(out), "--no-progress"])) == 0
-    lv = json.loads(out.read_text())["levels"][0]
-    assert lv["mode"] == "poisson" and lv["request_rate"] == 20 and lv["completed"] + lv["errors"] == 3
-    assert lv["errors"] == 0, lv.get("error_messages")
+    lv, = json.loads(out.read_text())["levels"]
+    assert lv["mode"] == "poisson" and lv["request_rate"] == 20
+    assert 1 <= lv["peak_concurrency"] <= 3 and lv["concurrency"] == lv["peak_concurrency"]
+    _check_level(lv, 3, 4, exact=True)
 
     # A generous SLO holds up to --max-concurrency; an impossible one fails at 1.
     out = tmp_path / "cap.json"
@@ -241,12 +234,14 @@ def test_bench_open_loop_and_capacity(server_url, tmp_path):
                             "--output-json", str(out), "--no-progress"])) == 0
     result = json.loads(out.read_text())
     assert result["capacity"] == 2
+    assert result["slo"] == {"itl_p99": 30.0, "ttft_p99": 60.0, "max_concurrency": 2}
     assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
     assert all(lv["slo_ok"] for lv in result["levels"])
     for lv in result["levels"]:
-        _check_level(lv, 4)
+        _check_level(lv, 2, 4, exact=True)
     assert bench.run(parse(["--base-url", server_url, "--find-capacity", "--ttft-p99-slo", "1e-9",
                             "--num-prompts", "1", "--input-len", "16", "--output-len", "2", "--warmup", "0",
                             "--output-json", str(out), "--no-progress"])) == 0
     result = json.loads(out.read_text())
-    assert result["capacity"] == 0 and len(result["levels"]) == 1
+    assert result["capacity"] == 0 and len(result["levels"]) == 1 and result["levels"][0]["slo_ok"] is False
+    assert result["levels"][0]["ttft"]["p99"] > 1e-9

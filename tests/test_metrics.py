@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
 
+from pyserve.bench.prometheus import parse_metrics, total
 from test_server import Server, raw_completion
 
 MODEL = "gemma-3-270m-q4_k_m"
@@ -26,28 +26,12 @@ def server():
     assert s.stop() == 0, "".join(s.stderr)
 
 
-def parse(text: str) -> tuple[dict, dict]:
-    """-> ({(sample name, sorted label items): value}, {family name: type})"""
-    samples, types = {}, {}
-    for fam in text_string_to_metric_families(text):
-        types[fam.name] = fam.type
-        for s in fam.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples, types
-
-
 def scrape(url: str) -> dict:
-    return parse(httpx.get(url + "/metrics").text)[0]
-
-
-def val(snap: dict, name: str, **labels) -> float:
-    """The sum of the samples called `name` whose labels include `labels`."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in snap.items() if n == name and want <= set(ls))
+    return parse_metrics(httpx.get(url + "/metrics").text)[0]
 
 
 def delta(after: dict, before: dict, name: str, **labels) -> float:
-    return val(after, name, **labels) - val(before, name, **labels)
+    return total(after, name, **labels) - total(before, name, **labels)
 
 
 def wait_for(url: str, name: str, target: float, timeout: float = 10, **labels) -> dict:
@@ -56,7 +40,7 @@ def wait_for(url: str, name: str, target: float, timeout: float = 10, **labels) 
     t0 = time.monotonic()
     while True:
         snap = scrape(url)
-        if val(snap, name, **labels) >= target or time.monotonic() - t0 > timeout:
+        if total(snap, name, **labels) >= target or time.monotonic() - t0 > timeout:
             return snap
         time.sleep(0.01)
 
@@ -66,7 +50,7 @@ def test_per_app_registries():
 
     a, b = create_app(), create_app()  # a shared registry would raise "Duplicated timeseries" here
     assert a.pyserve.metrics.registry is not b.pyserve.metrics.registry
-    samples, types = parse(a.pyserve.metrics.render().decode())
+    samples, types = parse_metrics(a.pyserve.metrics.render().decode())
     assert types["pyserve:kv_blocks_total"] == "gauge" and types["pyserve:time_to_first_token_seconds"] == "histogram"
 
 
@@ -123,8 +107,8 @@ def test_names_types_and_counts(server):
             n_requests += 1
 
     after = wait_for(u, "pyserve:e2e_request_latency_seconds_count",
-                     val(before, "pyserve:e2e_request_latency_seconds_count") + n_requests, **M)
-    samples, types = parse(httpx.get(u + "/metrics").text)
+                     total(before, "pyserve:e2e_request_latency_seconds_count") + n_requests, **M)
+    samples, types = parse_metrics(httpx.get(u + "/metrics").text)
     expected = {
         "pyserve:time_to_first_token_seconds": "histogram", "pyserve:inter_token_latency_seconds": "histogram",
         "pyserve:request_time_per_output_token_seconds": "histogram",
@@ -170,8 +154,8 @@ def test_names_types_and_counts(server):
     assert d("pyserve:http_requests_total", endpoint="/v1/chat/completions", status="404") == 1
     assert d("pyserve:prefix_cache_hits_total", **M) >= 32
     assert d("pyserve:prefix_cache_queries_total", **M) >= d("pyserve:prefix_cache_hits_total", **M) + 32
-    assert val(after, "pyserve:kv_blocks_total", **M) > 0 and val(after, "pyserve:kv_blocks_used", **M) == 0
-    assert val(after, "pyserve:kv_cache_usage_perc", **M) == 0
+    assert total(after, "pyserve:kv_blocks_total", **M) > 0 and total(after, "pyserve:kv_blocks_used", **M) == 0
+    assert total(after, "pyserve:kv_cache_usage_perc", **M) == 0
 
 
 def test_aborted_stream(server):
@@ -179,7 +163,7 @@ def test_aborted_stream(server):
     before = scrape(u)
     s = raw_completion(server, 2000, stream=True, events=4)
     s.close()
-    after = wait_for(u, "pyserve:request_aborted_total", val(before, "pyserve:request_aborted_total", **M) + 1, **M)
+    after = wait_for(u, "pyserve:request_aborted_total", total(before, "pyserve:request_aborted_total", **M) + 1, **M)
     assert delta(after, before, "pyserve:request_aborted_total", **M) == 1
     assert delta(after, before, "pyserve:e2e_request_latency_seconds_count", **M) == 0
     assert delta(after, before, "pyserve:request_success_total", **M) == 0
@@ -239,13 +223,13 @@ def test_ttft_includes_queue_time():
                                 await seen.wait()
                         t0 = time.monotonic()
                         while True:  # the server records the TTFT just after its write returns
-                            snap = parse((await http.get("/metrics")).text)[0]
-                            if val(snap, name + "_count", **M) >= val(base, name + "_count", **M) + k:
+                            snap = parse_metrics((await http.get("/metrics")).text)[0]
+                            if total(snap, name + "_count", **M) >= total(base, name + "_count", **M) + k:
                                 break
                             assert time.monotonic() - t0 < 5
                             await trio.sleep(0.001)
                         snaps.append(snap)
-                        waiting_seen.append(val(snap, "pyserve:num_requests_waiting", **M))
+                        waiting_seen.append(total(snap, "pyserve:num_requests_waiting", **M))
 
                 async with trio.open_nursery() as nursery:  # open the connections first: the burst reuses them
                     for _ in range(n + 1):
@@ -256,8 +240,8 @@ def test_ttft_includes_queue_time():
                         nursery.start_soon(one, i)
 
         trio.run(main)
-        counts = [val(s, name + "_count", **M) for s in snaps]
-        sums = [val(s, name + "_sum", **M) for s in snaps]
+        counts = [total(s, name + "_count", **M) for s in snaps]
+        sums = [total(s, name + "_sum", **M) for s in snaps]
         assert [b - a for a, b in zip(counts, counts[1:])] == [1] * n, counts  # one new observation per scrape
         server_ttft = dict(zip(order, (b - a for a, b in zip(sums, sums[1:]))))
         c50, s50 = statistics.median(client_ttft.values()), statistics.median(server_ttft.values())
@@ -275,7 +259,7 @@ def test_ttft_includes_queue_time():
         assert max(waiting_seen) >= 3
 
         end = wait_for(u, "pyserve:e2e_request_latency_seconds_count",
-                       val(base, "pyserve:e2e_request_latency_seconds_count", **M) + n, **M)
+                       total(base, "pyserve:e2e_request_latency_seconds_count", **M) + n, **M)
         d = lambda nm: delta(end, base, nm, **M)  # noqa: E731
         assert sum(tokens.values()) == n * max_tokens == d("pyserve:generation_tokens_total")
         assert d("pyserve:inter_token_latency_seconds_count") == n * max_tokens - n
@@ -294,11 +278,11 @@ def test_aborted_non_streamed(server):
     before = scrape(u)
     s = raw_completion(server, 2000, stream=False)
     t0 = time.monotonic()
-    while val(scrape(u), "pyserve:kv_blocks_used", **M) == 0:  # generating
+    while total(scrape(u), "pyserve:kv_blocks_used", **M) == 0:  # generating
         assert time.monotonic() - t0 < 10
         time.sleep(0.01)
     s.close()
-    after = wait_for(u, "pyserve:request_aborted_total", val(before, "pyserve:request_aborted_total", **M) + 1, **M)
+    after = wait_for(u, "pyserve:request_aborted_total", total(before, "pyserve:request_aborted_total", **M) + 1, **M)
     assert delta(after, before, "pyserve:request_aborted_total", **M) == 1
     assert delta(after, before, "pyserve:e2e_request_latency_seconds_count", **M) == 0
     assert delta(after, before, "pyserve:time_to_first_token_seconds_count", **M) == 0  # nothing was written

@@ -4,63 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import trio
 
+from pyserve.bench.launch import ServerProcess as Server  # the other test files import it from here
+from pyserve.bench.prometheus import parse_metrics, totals
+
 MODEL = "gemma-3-270m-q4_k_m"
-
-
-class Server:
-    def __init__(self, *args: str):
-        import pyserve  # the server runs the same pyserve as the tests (installed, or built in place)
-
-        here = str(Path(pyserve.__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "serve", "--port", "0", "--threads", "2", *args],
-                                     cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.stderr: list[str] = []
-        self.listening = threading.Event()
-        self.listen_url = ""
-        threading.Thread(target=self._read_stderr, daemon=True).start()
-
-    def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            m = re.search(r"Running on (http://\S+)", line)
-            if m:
-                self.listen_url = m.group(1)
-                self.listening.set()
-
-    def wait_ready(self) -> "Server":
-        deadline = time.monotonic() + 90
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line or "serving" in line:
-                break
-        m = re.search(r"on (http://\S+)", line)
-        assert m, f"server did not start: {line!r}\n{''.join(self.stderr)}"
-        self.url = m.group(1)
-        self.port = int(self.url.rsplit(":", 1)[1])
-        return self
-
-    def stop(self, sig=signal.SIGINT, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +44,13 @@ def sse_events(text: str) -> list:
     return events
 
 
+def metric_totals(text: str) -> dict:
+    """pyserve's metrics in a /metrics text by name without the `pyserve:` prefix, each summed over its labels."""
+    return totals(parse_metrics(text)[0], "pyserve:")
+
+
 def stats(server) -> dict:
-    text = httpx.get(server.url + "/metrics").text
-    out = {}
-    for m in re.finditer(r"^pyserve:(\w+)\{[^}]*\} ([0-9.e+-]+)$", text, re.M):
-        out.setdefault(m.group(1), float(m.group(2)))
-    return out
+    return metric_totals(httpx.get(server.url + "/metrics").text)
 
 
 def raw_completion(server, max_tokens: int, stream: bool, events: int = 0) -> socket.socket:
@@ -112,6 +71,15 @@ CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
 # ---- basics ----
+
+def test_a_server_that_cannot_start_fails_fast():
+    srv = Server("--model", "/nonexistent/model.gguf")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="stdout closed before the ready line") as ei:
+        srv.wait_ready(timeout=60)
+    assert time.monotonic() - t0 < 30 and srv.returncode == 2  # the CLI's usage-error status
+    assert "model file not found: /nonexistent/model.gguf" in str(ei.value)  # the server's stderr comes along
+
 
 def test_health_models(server, client):
     r = httpx.get(server.url + "/health")
@@ -308,16 +276,20 @@ def test_tokenize_template_info(server):
 # ---- cancellation ----
 
 def test_drop_streams_frees_blocks(server, client):
+    """Eight streams at once; once the server runs all eight, the clients of the four long ones hang up: the
+    engine aborts those (their blocks freed) while the other four run on to the text they give alone."""
     prompts = [f"Count slowly from {i} to one hundred:" for i in range(8)]
     ref = {i: client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=40, temperature=0,
                                         extra_body={"ignore_eos": True}).choices[0].text for i in (1, 3, 5, 7)}
     result: dict = {}
-    samples: list = []
+    seen: dict = {}
+    peak = [0.0]  # kv blocks in use, the most any scrape saw
 
     async def main():
+        drop = trio.Event()
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-            async def one(i: int, drop: bool):
-                body = {"prompt": prompts[i], "max_tokens": 40 if not drop else 2000, "temperature": 0,
+            async def one(i: int, dropped: bool):
+                body = {"prompt": prompts[i], "max_tokens": 2000 if dropped else 40, "temperature": 0,
                         "stream": True, "ignore_eos": True}
                 text, n = "", 0
                 async with http.stream("POST", "/v1/completions", json=body) as r:
@@ -326,37 +298,43 @@ def test_drop_streams_frees_blocks(server, client):
                             continue
                         text += json.loads(line[6:])["choices"][0]["text"]
                         n += 1
-                        if drop and n == 5:
+                        if dropped and n == 5:
+                            await drop.wait()
                             break  # leaving the block closes the connection mid-stream
                 result[i] = text
 
-            async def monitor():
-                while True:
-                    text = (await http.get("/metrics")).text
-                    samples.append({m.group(1): float(m.group(2)) for m in re.finditer(
-                        r"^pyserve:(num_requests_running|kv_blocks_used)\{[^}]*\} ([0-9.e+-]+)$", text, re.M)})
-                    await trio.sleep(0.02)
+            async def poll(cond) -> dict:
+                """The first scrape of /metrics (bounded: 30 s) for which `cond(stats)` holds."""
+                with trio.fail_after(30):
+                    while True:
+                        st = metric_totals((await http.get("/metrics")).text)
+                        peak[0] = max(peak[0], st["kv_blocks_used"])
+                        if cond(st):
+                            return st
+                        await trio.sleep(0.005)
 
-            async with trio.open_nursery() as outer:
-                outer.start_soon(monitor)
-                async with trio.open_nursery() as nursery:
-                    for i in range(8):
-                        nursery.start_soon(one, i, i % 2 == 0)
-                outer.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(one, i, i % 2 == 0)
+                seen["all"] = await poll(lambda st: st["num_requests_running"] == 8)
+                drop.set()
+                seen["after"] = await poll(lambda st: st["num_requests_running"] <= 4)
 
     before = stats(server)
     assert before["kv_blocks_used"] == 0
     trio.run(main)
     for i in (1, 3, 5, 7):
         assert result[i] == ref[i], i
-    peak = max(s["kv_blocks_used"] for s in samples)
-    assert any(s["num_requests_running"] == 8 for s in samples)
-    # after the drops, only the survivors hold blocks
-    assert any(s["num_requests_running"] == 4 and 0 < s["kv_blocks_used"] < peak for s in samples), samples
+    # after the drops, only the survivors hold blocks: none of them has finished yet
+    after = seen["after"]
+    assert after["num_requests_running"] == 4 and 0 < after["kv_blocks_used"] < peak[0], (seen, peak)
+    assert after["request_success_total"] == before["request_success_total"], seen
     t0 = time.monotonic()
     while stats(server)["kv_blocks_used"] and time.monotonic() - t0 < 5:
         time.sleep(0.02)
-    assert stats(server)["kv_blocks_used"] == 0 and stats(server)["num_requests_running"] == 0
+    end = stats(server)
+    assert end["kv_blocks_used"] == 0 and end["num_requests_running"] == 0
+    assert end["request_aborted_total"] - before["request_aborted_total"] == 4
 
 
 def test_disconnect_aborts_quickly(server):
