@@ -262,9 +262,11 @@ def test_tokenize_template_info(server):
     assert prompt.startswith("<bos><start_of_turn>user\n") and prompt.endswith("<start_of_turn>model\n")
     ids = httpx.post(u + "/tokenize", json={"messages": CHAT}).json()["tokens"]
     assert ids[0] == 2 and ids[1] != 2  # no doubled BOS
-    custom = httpx.post(u + "/apply-template", json={"messages": CHAT, "chat_template": "{{ messages[0].content }}!",
-                                                     "add_generation_prompt": False}).json()
-    assert custom["prompt"] == CHAT[0]["content"] + "!"
+    # a template sent with the request is refused unless the server trusts them (see the next server's test)
+    r = httpx.post(u + "/apply-template", json={"messages": CHAT, "chat_template": "{{ messages[0].content }}!",
+                                                "add_generation_prompt": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
+    assert r.json()["error"]["code"] == "chat_template_not_allowed"
     info = httpx.get(u + "/server_info").json()
     assert info["model"] == MODEL and info["ready"] and "stats" in info
     mi = httpx.get(u + "/model_info").json()
@@ -378,7 +380,7 @@ def test_api_key_template_file_and_drain(tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text("[{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}]")
     srv = Server("--api-key", "sekrit", "--drain-timeout", "1", "--chat-template", str(template),
-                 "--served-model-name", "tiny")
+                 "--served-model-name", "tiny", "--trust-request-chat-template")
     try:
         # it listens while the model loads: /health says 503 until the model is ready
         assert srv.listening.wait(60)
@@ -400,6 +402,10 @@ def test_api_key_template_file_and_drain(tmp_path):
         r = httpx.post(srv.url + "/apply-template", headers={"Authorization": "Bearer sekrit"},
                        json={"messages": [{"role": "user", "content": "hey"}]})
         assert r.json() == {"prompt": "[user:hey;]"}  # --chat-template FILE over the built-in gemma template
+        custom = httpx.post(srv.url + "/apply-template", headers={"Authorization": "Bearer sekrit"},
+                            json={"messages": CHAT, "chat_template": "{{ messages[0].content }}!",
+                                  "add_generation_prompt": False}).json()
+        assert custom["prompt"] == CHAT[0]["content"] + "!"  # with --trust-request-chat-template
         with httpx.stream("POST", srv.url + "/v1/completions", timeout=30,
                           headers={"Authorization": "Bearer sekrit"},
                           json={"prompt": "Tell a story", "max_tokens": 4000, "ignore_eos": True,
