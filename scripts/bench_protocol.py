@@ -1,6 +1,10 @@
 """Request parsing time: the HTTP body (bytes) to a validated request, per endpoint, in microseconds.
 
-    python scripts/bench_protocol.py [--rounds 5] [--iters 20000]
+    python scripts/bench_protocol.py [--rounds 5] [--iters 20000] [--compare-with CHECKOUT]
+
+--compare-with times the same bodies, in the same run, through the parser of an older checkout that still
+had `pyserve/protocol.py` (`parse_json` + `parse_chat` / `parse_completion`, before the pydantic protocol),
+e.g. `git worktree add /tmp/old 05f9f5e`.
 
 Each body is parsed `iters` times per round; the best round's mean is printed (the machine is noisy; the
 best round is the least disturbed). Bodies: a short chat (3 messages), a long chat (40 messages), a chat with
@@ -10,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 
 from pyserve.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
@@ -39,16 +46,46 @@ def time_one(model, data: bytes, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
+_OLD = """
+import json, sys, time
+from pyserve.protocol import parse_chat, parse_completion, parse_json
+parse = {"chat": parse_chat, "completion": parse_completion}
+for kind, data, iters, rounds in json.loads(sys.stdin.read()):
+    best = 1e9
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            parse[kind](parse_json(data.encode()))
+        best = min(best, (time.perf_counter() - t0) / iters * 1e6)
+    print(best)
+"""
+
+
+def time_old(checkout: str, bodies: list[tuple[str, bytes]], iters: int, rounds: int) -> list[float]:
+    """The same bodies through an older checkout's parser, in a child process with that checkout first."""
+    env = dict(os.environ, PYTHONPATH=checkout)
+    job = json.dumps([(kind, data.decode(), iters, rounds) for kind, data in bodies])
+    out = subprocess.run([sys.executable, "-c", _OLD], input=job, env=env, capture_output=True, text=True,
+                         check=True, cwd=checkout)
+    return [float(x) for x in out.stdout.split()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--compare-with", metavar="CHECKOUT", help="an older checkout to time beside this one")
     args = ap.parse_args()
-    print(f"{'body':32s} {'bytes':>6s} {'us / request':>13s}")
-    for name, (model, body) in BODIES.items():
-        data = json.dumps(body).encode()
-        best = min(time_one(model, data, args.iters) for _ in range(args.rounds))
-        print(f"{name:32s} {len(data):6d} {best:13.2f}")
+    rows = [(name, model, json.dumps(body).encode()) for name, (model, body) in BODIES.items()]
+    new = [min(time_one(m, d, args.iters) for _ in range(args.rounds)) for _, m, d in rows]
+    old = None
+    if args.compare_with:
+        kinds = [("chat" if m is ChatCompletionRequest else "completion", d) for _, m, d in rows]
+        old = time_old(args.compare_with, kinds, args.iters, args.rounds)
+    print(f"{'body':28s} {'bytes':>6s} {'us / request':>13s}" + (f" {'before':>8s} {'speed-up':>9s}" if old else ""))
+    for i, (name, _, data) in enumerate(rows):
+        extra = f" {old[i]:8.2f} {old[i] / new[i]:8.2f}x" if old else ""
+        print(f"{name:28s} {len(data):6d} {new[i]:13.2f}{extra}")
 
 
 if __name__ == "__main__":

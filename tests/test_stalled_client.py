@@ -2,18 +2,20 @@
 engine would go on generating into a growing backlog. --stalled-client-timeout aborts such a request and
 frees its blocks while the connection is still open, and counts it."""
 import json
-import re
 import socket
 import time
 
 import httpx
 
+from pyserve.bench.prometheus import parse_metrics, total
 from test_server import Server
 
 
 def metric(url: str, name: str) -> float:
-    m = re.search(rf"^pyserve:{name}\{{[^}}]*\}} ([0-9.e+-]+)$", httpx.get(url + "/metrics").text, re.M)
-    return float(m.group(1)) if m else -1.0
+    """pyserve:NAME summed over its labels, or -1 while the server does not export it."""
+    samples, _ = parse_metrics(httpx.get(url + "/metrics").text)
+    full = f"pyserve:{name}"
+    return total(samples, full) if any(n == full for n, _ in samples) else -1.0
 
 
 def test_stalled_client_is_aborted_and_counted():
