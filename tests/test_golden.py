@@ -1,4 +1,4 @@
-"""The default model produces llama.cpp's tokens and log-probabilities (../shared/reference/gemma3-270m)."""
+"""The default model produces llama.cpp's tokens and log-probabilities (tests/data/gemma3-270m)."""
 import json
 
 import numpy as np
@@ -19,8 +19,8 @@ NEAR_TIE = 0.1      # the issue's near-tie threshold for top-1 agreement (>= 95%
 FREE_RUN_GAP = 0.5  # free-running greedy must match up to the first step closer than this
 
 
-def load_cases(shared):
-    path = shared / "reference" / "gemma3-270m" / "greedy_gemma3.jsonl"
+def load_cases(data_dir):
+    path = data_dir / "gemma3-270m" / "greedy_gemma3.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -31,8 +31,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def cases(shared_dir):
-    return load_cases(shared_dir)
+def cases(data_dir):
+    return load_cases(data_dir)
 
 
 def test_prompt_tokenization_matches(llm, cases):
