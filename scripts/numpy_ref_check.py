@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks tests/numpy_ref.py against llama.cpp's outputs for Gemma 3 270M (Q4_K_M).
 
-Each prompt of /work/shared/reference/gemma3-270m/greedy_gemma3.jsonl is teacher-forced
+Each prompt of tests/data/gemma3-270m/greedy_gemma3.jsonl is teacher-forced
 (prompt_ids + generated_ids) through the reference on the real model; the log-softmax at the position
 that predicted step i is compared with the file's top-5 logprobs of step i.
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from numpy_ref import load_model, log_softmax  # noqa: E402
 
-DEFAULT_REF = Path("/work/shared/reference/gemma3-270m/greedy_gemma3.jsonl")
+DEFAULT_REF = ROOT / "tests" / "data" / "gemma3-270m" / "greedy_gemma3.jsonl"
 
 
 def _set(**kw):

@@ -16,8 +16,9 @@ model, too long, bad token ids, unknown path, garbage on the socket, a body cut 
 
 At the end (after the load stops): no 5xx on any request; every valid request that was not dropped on
 purpose finished (a final chunk with finish_reason, then [DONE]) or was refused with 429; bad requests got
-a 4xx; `pyserve:kv_blocks_used` and `pyserve:num_requests_running` back to 0; the server's resident memory
-within --rss-tolerance (5%) of where it settled after the warm-up. Exit status 0 when all hold, else 1.
+a 4xx; `pyserve:kv_blocks_used` and `pyserve:num_requests_running` back to 0; the server's resident anonymous
+memory after the load within --rss-tolerance (5%) of its level a third of the way into the load (see
+memory_check). Exit status 0 when all hold, else 1.
 """
 from __future__ import annotations
 
@@ -47,11 +48,42 @@ CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 # ---------------------------------------------------------------------------------------------------
 
 def rss_bytes(pid: int) -> int:
+    """Resident anonymous memory (RssAnon: heap, allocator arenas, the KV pool), where a leak shows. Not VmRSS:
+    that also counts the mmapped model's file pages, which fault in as the embedding rows of token ids not
+    seen before are read (measured: 29 -> 122 MB of the 668 MB VmRSS in a 40 s soak, while RssAnon stayed
+    at 546.0 MB); they are bounded by the file and the kernel may drop them, so they are not a leak."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def memory_check(rss_warm: list[tuple[float, int]], rss: list[tuple[float, int]], final: int,
+                 tolerance: float) -> tuple[dict, str | None]:
+    """(report entry, failure or None) for the server's resident anonymous memory, sampled every 0.5 s.
+
+    The baseline is the sample a third of the way into the measured load, not its start: the allocators'
+    working set (heap and arenas, KV pool pages as they are first used) still grows during the first
+    requests (measured: 460 -> 546 MB over a 10 s warm-up, up to 5 MB more in the load's first third), and
+    on a busy machine the warm-up phase may hold few of them. From there a leak grows with every request
+    while warm-up has stopped, so the growth to `final` (after the load, once the server is idle) is
+    bounded by `tolerance` of the baseline. The default, 5% (~27 MB of ~550 MB), is for soaks of minutes,
+    whose thousands of requests make a leak of a few KB a request exceed it; tests/test_soak.py's 30 s run
+    passes a tighter bound."""
+    baseline = rss[len(rss) // 3][1]
+    growth = (final - baseline) / baseline
+    entry = {"warmup_end": mib(rss_warm[-1][1]) if rss_warm else None, "baseline": mib(baseline),
+             "peak": mib(max(v for _, v in rss)), "final": mib(final), "growth_pct": round(100 * growth, 2)}
+    failure = None
+    if growth > tolerance:
+        failure = (f"resident anonymous memory grew {100 * growth:.1f}% from a third into the load "
+                   f"({mib(baseline):.0f} -> {mib(final):.0f} MB)")
+    return entry, failure
+
+
+def mib(n: int) -> float:
+    return round(n / 2**20, 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -388,14 +420,9 @@ def soak(args) -> dict:
         if st.c["finished"] == 0:
             failures.append("no request finished")
         if pid and rss:
-            settled = (rss_warm[-1][1] if rss_warm else rss[0][1])
-            peak = max(v for _, v in rss)
-            report["rss_mb"] = {"settled": round(settled / 2**20, 1), "peak": round(peak / 2**20, 1),
-                                "final": round(final_rss / 2**20, 1),
-                                "growth_pct": round(100 * (final_rss - settled) / settled, 2)}
-            if final_rss > settled * (1 + args.rss_tolerance):
-                failures.append(f"resident memory grew {100 * (final_rss - settled) / settled:.1f}% "
-                                f"({settled / 2**20:.0f} -> {final_rss / 2**20:.0f} MB)")
+            report["rss_mb"], failure = memory_check(rss_warm, rss, final_rss, args.rss_tolerance)
+            if failure:
+                failures.append(failure)
         report["failures"] = failures
         report["ok"] = not failures
     finally:

@@ -3,13 +3,11 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    assert SHARED.is_dir(), f"reference data not found at {SHARED}"
-    return SHARED
+def data_dir() -> Path:
+    """tests/data: the reference data, in the repository (origins and licences: tests/data/README.md)."""
+    return Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,19 @@
-"""Test helper: a GGUF file's metadata (key -> python value) through the engine's own reader, cached."""
+"""Test helper: a GGUF file's metadata (key -> python value) through the engine's own reader, cached, and
+llama.cpp's test vocabularies in tests/data/vocab (vocab-only GGUFs with their .inp/.out vectors)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from pyserve import _engine
+from pyserve.engine.tokenizer import Tokenizer
+
+VOCAB_DIR = Path(__file__).resolve().parent / "data" / "vocab"
+SEP = "\n__ggml_vocab_test__\n"  # ends every case in a .inp file (tests/data/vocab/INDEX.md)
 
 _CACHE: dict[str, dict[str, Any]] = {}
+_TOKENIZERS: dict[str, Tokenizer] = {}
 
 
 def load_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -14,3 +21,34 @@ def load_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
     if key not in _CACHE:
         _CACHE[key] = _engine.read_gguf(key)[0]
     return _CACHE[key]
+
+
+def vocab_path(name: str) -> Path:
+    return VOCAB_DIR / f"ggml-vocab-{name}.gguf"
+
+
+def vocab_meta(name: str) -> dict[str, Any]:
+    path = vocab_path(name)
+    assert path.is_file(), f"missing test vocabulary {path}"
+    return load_gguf_metadata(path)
+
+
+def vocab_tokenizer(name: str) -> Tokenizer:
+    tok = _TOKENIZERS.get(name)
+    if tok is None:
+        tok = _TOKENIZERS[name] = Tokenizer.from_gguf_metadata(vocab_meta(name))
+    return tok
+
+
+def read_vectors(name: str) -> list[tuple[str, list[int]]]:
+    """(text, expected ids) pairs: each case in .inp ends with the separator line; .out has one line per case."""
+    base = vocab_path(name)
+    inp = base.with_name(base.name + ".inp").read_text(encoding="utf-8")
+    out = base.with_name(base.name + ".out").read_text(encoding="utf-8")
+    assert inp.endswith(SEP)
+    cases = inp[: -len(SEP)].split(SEP)
+    lines = out.split("\n")
+    assert lines[-1] == ""
+    lines = lines[:-1]
+    assert len(cases) == len(lines), (len(cases), len(lines))
+    return [(text, [int(x) for x in line.split()]) for text, line in zip(cases, lines)]

@@ -1,7 +1,7 @@
 """Chat-template renderer: the Hugging Face reference fixtures plus behaviour tests, for the model's own templates
 (``ChatTemplate``) and for templates sent in requests (``UntrustedChatTemplate``, which adds resource limits).
 
-The fixtures are read in place from ``<repo>/../shared/fixtures/chat_templates/``.
+The fixtures are ``tests/data/chat_templates/`` (origin: tests/data/README.md).
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ from pyserve.openai import untrusted_template as ut
 from pyserve.openai.chat_template import ChatTemplate, ChatTemplateError, builtin_gemma_template
 from pyserve.openai.untrusted_template import UntrustedChatTemplate
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = REPO_ROOT / ".." / "shared" / "fixtures" / "chat_templates" / "cases.jsonl"
+# a path of its own rather than the data_dir fixture: the cases parametrize tests at collection time
+FIXTURES = Path(__file__).resolve().parent / "data" / "chat_templates" / "cases.jsonl"
 TEMPLATE_ERROR = "jinja2.exceptions.TemplateError"
 
 
 def _load_cases() -> list[dict]:
-    if not FIXTURES.is_file():
-        return []
     with FIXTURES.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 

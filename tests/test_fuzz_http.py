@@ -13,11 +13,8 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 
 from test_server import Server
-
-pytest.importorskip("schemathesis")
 
 KEY = "fuzz-key"
 

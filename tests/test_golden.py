@@ -1,4 +1,4 @@
-"""The default model produces llama.cpp's tokens and log-probabilities (../shared/reference/gemma3-270m)."""
+"""The default model produces llama.cpp's tokens and log-probabilities (tests/data/gemma3-270m)."""
 import json
 
 import numpy as np
@@ -16,11 +16,15 @@ MEAN_TOL = 0.2
 P95_TOL = 0.5
 CLEAR_GAP = 1.0     # top-2 gap above which the top-1 token must agree, always
 NEAR_TIE = 0.1      # the issue's near-tie threshold for top-1 agreement (>= 95% of such steps here)
-FREE_RUN_GAP = 0.5  # free-running greedy must match up to the first step closer than this
+# Free-running greedy must match llama.cpp's tokens up to the first near-tie, as the reference README defines
+# one: a step whose top-1 and top-2 logprobs differ by less than 0.05 (other numerics may flip it). The
+# README lists them: story 13, python 3 and 13, emoji 11, 13, 29, 31, 40; every other gap is 0.053 or more.
+FREE_RUN_GAP = 0.05
+FIRST_NEAR_TIE = {"story": 13, "python": 3, "emoji": 11}  # the other five prompts: none in all 48 steps
 
 
-def load_cases(shared):
-    path = shared / "reference" / "gemma3-270m" / "greedy_gemma3.jsonl"
+def load_cases(data_dir):
+    path = data_dir / "gemma3-270m" / "greedy_gemma3.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -30,9 +34,13 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
+def top2_gap(step) -> float:
+    return step["top"][0]["logprob"] - step["top"][1]["logprob"]
+
+
 @pytest.fixture(scope="module")
-def cases(shared_dir):
-    return load_cases(shared_dir)
+def cases(data_dir):
+    return load_cases(data_dir)
 
 
 def test_prompt_tokenization_matches(llm, cases):
@@ -50,7 +58,7 @@ def test_teacher_forced_logprobs_match_llama_cpp(llm, cases):
         for i, step in enumerate(c["steps"]):
             top = step["top"]
             diffs += [abs(lp[i, t["id"]] - t["logprob"]) for t in top]
-            gap = top[0]["logprob"] - top[1]["logprob"]
+            gap = top2_gap(step)
             if gap > CLEAR_GAP:
                 assert int(np.argmax(lp[i])) == top[0]["id"], (c["name"], i, gap)
             if gap > NEAR_TIE:
@@ -64,18 +72,23 @@ def test_teacher_forced_logprobs_match_llama_cpp(llm, cases):
 
 
 def first_near_tie(steps) -> int:
-    for i, s in enumerate(steps):
-        if s["top"][0]["logprob"] - s["top"][1]["logprob"] <= FREE_RUN_GAP:
-            return i
-    return len(steps)
+    return next((i for i, s in enumerate(steps) if top2_gap(s) < FREE_RUN_GAP), len(steps))
+
+
+def divergence(case, got) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(got, case["generated_ids"])) if a != b), len(got))
+    gap = f"{top2_gap(case['steps'][i]):.3f}" if i < len(case["steps"]) else "-"
+    return f"{case['name']}: first differs from llama.cpp at step {i} (its top-2 gap there: {gap})"
 
 
 def test_free_running_greedy_matches_until_near_tie(llm, cases):
     prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in cases]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    assert {c["name"]: first_near_tie(c["steps"]) for c in cases} == \
+        {c["name"]: FIRST_NEAR_TIE.get(c["name"], len(c["steps"])) for c in cases}
     for c, out in zip(cases, outs):
         n = first_near_tie(c["steps"])
         got = out.outputs[0].token_ids
-        assert got[:n] == c["generated_ids"][:n], c["name"]
+        assert got[:n] == c["generated_ids"][:n], divergence(c, got)
         if n == len(c["steps"]):
             assert out.outputs[0].text == c["generated_text"], c["name"]

@@ -274,12 +274,11 @@ def test_tokenizer_metadata(model_dir):
 
 
 def test_tokenizer_works_with_hf_tokenizers():
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     toks, _, merges, bos, eos = tm.tokenizer_vocab()
     bpe = models.BPE(vocab={t: i for i, t in enumerate(toks)}, merges=[tuple(m.split(" ")) for m in merges])
-    tok = tokenizers.Tokenizer(bpe)
+    tok = Tokenizer(bpe)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     enc = tok.encode("Hello world and the café 12")

@@ -10,9 +10,8 @@ invariance), any row count (rows past the last group of 8 go through the referen
 import numpy as np
 import pytest
 
+from pyserve import _engine
 from test_quant import Q, assert_same_bits, rand_act, rand_row
-
-_engine = pytest.importorskip("pyserve._engine")
 
 PACKED = [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 

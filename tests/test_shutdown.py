@@ -75,7 +75,10 @@ def test_sigterm_with_32_streams():
                         await started.wait()
                     srv.proc.send_signal(signal.SIGTERM)
                     t_signal.append(time.monotonic())
-                    await trio.sleep(0.3)
+                    # the server logs this line in the same step that makes it refuse new requests
+                    with trio.fail_after(10):
+                        while not any("SIGTERM: draining" in line for line in srv.stderr):
+                            await trio.sleep(0.01)
                     # a new request during the drain: 503, not queued
                     try:
                         r = await http.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})

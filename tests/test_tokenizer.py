@@ -5,54 +5,15 @@ import json
 import logging
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from gguf_vocab import load_gguf_metadata
+from gguf_vocab import load_gguf_metadata, read_vectors, vocab_meta, vocab_tokenizer
 from pyserve.engine.tokenizer import Tokenizer
-
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-VOCAB_DIR = SHARED / "vocab"
-GEMMA_REF = SHARED / "reference" / "gemma3-270m" / "tokenize_gemma3.jsonl"
-SEP = "\n__ggml_vocab_test__\n"
 
 REQUIRED = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gpt-2"]
 OTHERS = ["deepseek-llm", "deepseek-coder", "falcon", "starcoder", "refact", "mpt", "command-r"]
 ALL_VOCABS = REQUIRED + OTHERS
-
-_TOKENIZERS: dict[str, Tokenizer] = {}
-
-
-def vocab_path(name: str) -> Path:
-    return VOCAB_DIR / f"ggml-vocab-{name}.gguf"
-
-
-def vocab_meta(name: str) -> dict:
-    path = vocab_path(name)
-    assert path.is_file(), f"missing test vocabulary {path}"
-    return load_gguf_metadata(path)
-
-
-def vocab_tokenizer(name: str) -> Tokenizer:
-    tok = _TOKENIZERS.get(name)
-    if tok is None:
-        tok = _TOKENIZERS[name] = Tokenizer.from_gguf_metadata(vocab_meta(name))
-    return tok
-
-
-def read_vectors(name: str) -> list[tuple[str, list[int]]]:
-    """(text, expected ids) pairs: each case in .inp ends with the separator line; .out has one line per case."""
-    base = vocab_path(name)
-    inp = base.with_name(base.name + ".inp").read_text(encoding="utf-8")
-    out = base.with_name(base.name + ".out").read_text(encoding="utf-8")
-    assert inp.endswith(SEP)
-    cases = inp[: -len(SEP)].split(SEP)
-    lines = out.split("\n")
-    assert lines[-1] == ""
-    lines = lines[:-1]
-    assert len(cases) == len(lines), (len(cases), len(lines))
-    return [(text, [int(x) for x in line.split()]) for text, line in zip(cases, lines)]
 
 
 # --------------------------------------------------------------------------------- test vectors
@@ -105,8 +66,9 @@ def test_gemma_build_time(gemma_meta):
     assert elapsed < 15.0
 
 
-def test_gemma_reference(gemma):
-    rows = [json.loads(line) for line in GEMMA_REF.read_text(encoding="utf-8").splitlines() if line.strip()]
+def test_gemma_reference(gemma, data_dir):
+    ref = data_dir / "gemma3-270m" / "tokenize_gemma3.jsonl"
+    rows = [json.loads(line) for line in ref.read_text(encoding="utf-8").splitlines() if line.strip()]
     assert len(rows) == 10
     for r in rows:
         assert r["add_bos"] and r["ids"][0] == gemma.bos_id == r["bos_id"]
