@@ -8,7 +8,6 @@ import gc
 import json
 import os
 import socket
-import re
 import time
 
 import httpx
@@ -17,6 +16,7 @@ import trio
 
 from pyserve.server.admission import AdmissionQueue, RateLimiter, TokenBucket
 from pyserve.server.auth import AccessConfig, load_keys, match_key
+from pyserve.bench.prometheus import parse_metrics, total
 from pyserve.openai.errors import OpenAIError, from_engine
 from pyserve.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from test_server import CHAT, MODEL, Server
@@ -284,8 +284,9 @@ def test_auth(hard):
             assert r.headers["www-authenticate"].startswith("Bearer")
     after = httpx.get(u + "/server_info", headers=_h()).json()["auth_failures"]
     assert after - before == 28
-    metric = re.search(r'^pyserve:auth_failures_total\{[^}]*\} ([0-9.]+)$', httpx.get(u + "/metrics").text, re.M)
-    assert metric and float(metric.group(1)) == after
+    samples, _ = parse_metrics(httpx.get(u + "/metrics").text)
+    assert ("pyserve:auth_failures_total", (("model_name", MODEL),)) in samples
+    assert total(samples, "pyserve:auth_failures_total") == after
     for key in (*KEYS, "key-file", "key-env"):
         r = httpx.get(u + "/v1/models", headers=_h(key))
         assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL, key
