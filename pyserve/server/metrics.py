@@ -106,11 +106,17 @@ class Metrics:
                                ml, registry=r)
         self.http_requests = Counter("pyserve:http_requests", "HTTP responses by endpoint and status",
                                      ["endpoint", "status"], registry=r)
+        self._connection_errors = Counter("pyserve:connection_errors", "connections ended by an error inside them "
+                                          "(contained: the server went on), by kind", ["kind"], registry=r)
         r.register(self)  # the engine's gauges and counters, read at scrape time
         self._children: Optional[_Children] = None
 
     def serve_model(self, name: str, engine_stats: Callable[[], dict]) -> None:
         self.model_name, self.engine_stats = name, engine_stats
+
+    def connection_errors(self, kind: str) -> None:
+        """One connection ended by an error of this kind (server/connection.py)."""
+        self._connection_errors.labels(kind).inc()
 
     def add_counter(self, metric: str, doc: str, value: Callable[[], int]) -> None:
         """A counter kept elsewhere (the edge's refusals), read at scrape time."""

@@ -9,6 +9,7 @@ signal skips the wait.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from ..engine.async_llm import AsyncLLM
+from . import connection
 from .app import create_app
 from .auth import load_keys
 from .config import ServerConfig
@@ -77,8 +79,10 @@ def _app(opts: ServeOptions):
         trust_request_chat_template=opts.trust_request_chat_template))
 
 
-def _hypercorn_config(opts: ServeOptions) -> HypercornConfig:
+def _hypercorn_config(opts: ServeOptions, metrics) -> HypercornConfig:
     hc = HypercornConfig()
+    fault = os.environ.get("PYSERVE_FAULT_MARKER")  # tests only: see connection.py
+    connection.configure(hc, metrics.connection_errors, fault.encode() if fault else None)
     hc.bind = [f"[{opts.host}]:{opts.port}" if ":" in opts.host else f"{opts.host}:{opts.port}"]
     hc.graceful_timeout = opts.drain_timeout + 5.0
     hc.accesslog = None
@@ -155,7 +159,8 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
     code = 0
     async with trio.open_nursery() as nursery:
         await nursery.start(signals.run)
-        binds = await nursery.start(partial(hypercorn_serve, app, _hypercorn_config(opts),
+        connection.install()
+        binds = await nursery.start(partial(hypercorn_serve, app, _hypercorn_config(opts, state.metrics),
                                             shutdown_trigger=signals.stop.wait))
         url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
         try:
