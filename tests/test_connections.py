@@ -17,8 +17,13 @@ STORY = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "igno
 
 
 def test_install_points_hypercorn_at_the_contained_server():
+    from hypercorn import protocol
+
+    from pyserve.server.h2_streams import TotalH2Protocol
+
     connection.install()
     assert hypercorn_run.TCPServer is connection.ContainedTCPServer
+    assert protocol.H2Protocol is TotalH2Protocol
 
 
 def test_split_contained_holds_errors_and_passes_cancellation():
@@ -82,3 +87,101 @@ def test_a_fault_in_one_connection_leaves_the_server_and_other_streams(faulty):
     assert faulty.stop() == 0, "".join(faulty.stderr)[-3000:]
     log = "".join(faulty.stderr)
     assert "ended by RuntimeError (contained" in log
+
+
+def _h2_request(conn, sid: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+                            (":authority", "127.0.0.1"), ("content-type", "application/json"),
+                            ("content-length", str(len(data)))])
+    conn.send_data(sid, data, end_stream=True)
+
+
+def test_drain_finishes_h2_streams_then_sends_goaway():
+    """SIGTERM with an HTTP/2 stream in flight: the stream runs to its end, a stream opened after the signal
+    is refused, the connection ends with GOAWAY, and the process exits 0."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.errors
+    import h2.events
+
+    srv = ServerProcess("--drain-timeout", "30", threads=1).wait_ready()
+    try:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        _h2_request(conn, 1, dict(STORY, max_tokens=64, stream=True))
+        sock.sendall(conn.data_to_send())
+        events, signalled, ended, refused, goaway = [], False, False, False, False
+        while True:  # to the end of the connection: GOAWAY must come after stream 1's last frame
+            data = sock.recv(65536)
+            if not data:
+                break
+            for ev in conn.receive_data(data):
+                events.append(ev)
+                if isinstance(ev, h2.events.DataReceived):
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    if not signalled:  # the stream is flowing: stop the server, then ask for more
+                        srv.proc.send_signal(15)
+                        signalled = True
+                        assert _wait_for_line(srv, "draining")
+                        _h2_request(conn, 3, STORY)
+                ended |= isinstance(ev, h2.events.StreamEnded) and ev.stream_id == 1 and not goaway
+                refused |= (isinstance(ev, h2.events.StreamReset) and ev.stream_id == 3
+                            and ev.error_code == h2.errors.ErrorCodes.REFUSED_STREAM)
+                goaway |= isinstance(ev, h2.events.ConnectionTerminated)
+            if goaway:
+                break
+            sock.sendall(conn.data_to_send())
+        body = b"".join(ev.data for ev in events if isinstance(ev, h2.events.DataReceived) and ev.stream_id == 1)
+        kinds = [type(ev).__name__ for ev in events if not isinstance(ev, h2.events.DataReceived)]
+        assert ended and refused and goaway, kinds
+        assert body.endswith(b"data: [DONE]\n\n") and b"server shutting down" not in body, body[-300:]
+        assert srv.proc.wait(30) == 0
+    finally:
+        srv.stop()
+
+
+def _wait_for_line(srv: ServerProcess, text: str, timeout: float = 10.0) -> bool:
+    """A bounded poll of the server's log for a line holding `text`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line for line in srv.stderr):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_an_idle_h2_connection_gets_goaway_at_shutdown():
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    srv = ServerProcess(threads=1).wait_ready()
+    try:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        _h2_request(conn, 1, dict(STORY, max_tokens=2))
+        sock.sendall(conn.data_to_send())
+        seen, signalled = [], False
+        while not any(isinstance(ev, h2.events.ConnectionTerminated) for ev in seen):
+            data = sock.recv(65536)
+            if not data:
+                break
+            seen += conn.receive_data(data)
+            if not signalled and any(isinstance(ev, h2.events.StreamEnded) for ev in seen):
+                srv.proc.send_signal(15)  # the connection is idle now
+                signalled = True
+            sock.sendall(conn.data_to_send())
+        assert any(isinstance(ev, h2.events.StreamEnded) and ev.stream_id == 1 for ev in seen)
+        assert [ev.last_stream_id for ev in seen if isinstance(ev, h2.events.ConnectionTerminated)] == [1]
+        assert srv.proc.wait(30) == 0
+    finally:
+        srv.stop()

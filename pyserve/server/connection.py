@@ -30,6 +30,8 @@ from hypercorn.trio import run as hypercorn_run
 from hypercorn.events import RawData
 from hypercorn.trio.tcp_server import TCPServer
 
+from . import h2_streams
+
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
@@ -111,5 +113,7 @@ def configure(config, on_error: Callable[[str], None], fault_marker: Optional[by
 
 def install() -> None:
     """Hypercorn's trio worker builds each connection's handler from `hypercorn.trio.run.TCPServer`; this
-    points it at ContainedTCPServer (idempotent; held by tests/test_connections.py)."""
+    points it at ContainedTCPServer, and HTTP/2 connections at h2_streams.TotalH2Protocol (idempotent;
+    held by tests/test_connections.py)."""
     hypercorn_run.TCPServer = ContainedTCPServer
+    h2_streams.install()
