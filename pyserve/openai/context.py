@@ -6,9 +6,11 @@
   OpenAIError or returns a ticket whose `release()` the serving layer calls when the request ends.
 - `draining`: set at the drain deadline of a shutdown; in-flight responses end with an error.
 - `stall_timeout` / `on_stall`: a stream whose client stops reading is aborted after that many seconds.
+- `request_id`: the request's id (the client's X-Request-Id, or one the edge made); responses' ids build on it.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
@@ -73,3 +75,7 @@ class RequestContext:
     draining: Optional[trio.Event] = None
     stall_timeout: float = 0.0
     on_stall: Optional[Callable[[], None]] = None
+    request_id: str = field(default_factory=lambda: secrets.token_hex(12))
+
+    def response_id(self, prefix: str) -> str:
+        return f"{prefix}-{self.request_id}"

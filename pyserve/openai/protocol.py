@@ -144,6 +144,7 @@ TopP = Annotated[Optional[float], Field(gt=0, le=1)]
 TopK = Annotated[Optional[int], Field(ge=-1)]
 MinP = Annotated[Optional[float], Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[Optional[float], Field(gt=0, le=2)]
+Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (negative: as its 63-bit mask)
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
 
 
@@ -222,7 +223,7 @@ class ChatCompletionRequest(_Sampling):
     presence_penalty: Penalty = None
     reasoning_effort: Optional[str] = None
     response_format: Optional[dict] = None
-    seed: Optional[int] = None
+    seed: Seed = None
     service_tier: Optional[str] = None
     stop: Stop = None
     store: Optional[bool] = None
@@ -246,6 +247,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Optional[dict] = None
     add_generation_prompt: bool = True
     continue_final_message: Optional[bool] = None
+    add_special_tokens: Optional[bool] = None  # False: no BOS beyond what the template writes
 
     @field_validator("tools", "functions")
     @classmethod
@@ -287,6 +289,7 @@ class ChatCompletionRequest(_Sampling):
     def _top_logprobs_needs_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+        _continue_or_prompt(self)
         return self
 
     def logprobs_wanted(self) -> Optional[int]:
@@ -317,7 +320,7 @@ class CompletionRequest(_Sampling):
     max_tokens: MaxTokens = None
     n: NChoices = None
     presence_penalty: Penalty = None
-    seed: Optional[int] = None
+    seed: Seed = None
     stop: Stop = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
@@ -333,6 +336,7 @@ class CompletionRequest(_Sampling):
     ignore_eos: Optional[bool] = None
     stop_token_ids: StopTokenIds = None
     skip_special_tokens: Optional[bool] = None
+    add_special_tokens: Optional[bool] = None  # vLLM's: False sends the prompt without a BOS
 
     @field_validator("suffix")
     @classmethod
@@ -369,7 +373,24 @@ class TemplateRequest(_Model):
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict] = None
     add_generation_prompt: bool = True
+    continue_final_message: Optional[bool] = None
     return_token_strs: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _exclusive(self):
+        _continue_or_prompt(self)
+        return self
+
+
+def _continue_or_prompt(req) -> None:
+    """continue_final_message leaves the last message open, add_generation_prompt opens a new turn: one or
+    the other (vLLM's 400 when both are asked; continue_final_message alone turns the prompt off)."""
+    if not req.continue_final_message:
+        return
+    if req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+        raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                          param="continue_final_message")
+    req.add_generation_prompt = False
 
 
 class TokenizeRequest(_Model):
@@ -380,6 +401,7 @@ class TokenizeRequest(_Model):
     messages: Optional[Messages] = None
     add_special_tokens: Optional[bool] = None
     add_generation_prompt: Optional[bool] = None
+    continue_final_message: Optional[bool] = None
     return_token_strs: Optional[bool] = None
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict] = None
@@ -395,9 +417,12 @@ class TokenizeRequest(_Model):
         return self.prompt if self.prompt is not None else self.content
 
     def as_template_request(self) -> TemplateRequest:
-        return TemplateRequest(messages=self.messages, chat_template=self.chat_template,
-                               chat_template_kwargs=self.chat_template_kwargs,
-                               add_generation_prompt=_or(self.add_generation_prompt, True))
+        fields = {"messages": self.messages, "chat_template": self.chat_template,
+                  "chat_template_kwargs": self.chat_template_kwargs,
+                  "continue_final_message": self.continue_final_message}
+        if self.add_generation_prompt is not None:
+            fields["add_generation_prompt"] = self.add_generation_prompt
+        return TemplateRequest(**fields)
 
 
 class DetokenizeRequest(_Model):

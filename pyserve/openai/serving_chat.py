@@ -10,7 +10,7 @@ from .context import RequestContext
 from .errors import bad_request
 from .protocol import ChatCompletionRequest, ChatMessage
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
-                        ChoiceLogprobs, DeltaMessage, Usage, new_id, now)
+                        ChoiceLogprobs, DeltaMessage, Usage, now)
 from .served_model import ServedModel
 from .serving_common import Choice, chat_logprobs, collect, engine_requests, stream_events
 from .untrusted_template import UntrustedChatTemplate
@@ -25,17 +25,19 @@ class ChatServing:
         self.model.check_name(req.model)
         self.model.check_text_size(req.text_bytes(), "messages")
         text = await self.render(req.messages, req.chat_template, req.chat_template_kwargs,
-                                 req.add_generation_prompt)
-        rid = new_id("chatcmpl")
-        requests, ticket = engine_requests(self.model, ctx, rid, req, [self.encode_rendered(text)], "messages")
+                                 req.add_generation_prompt, req.continue_final_message)
+        rid = ctx.response_id("chatcmpl")
+        ids = self.encode_rendered(text, req.add_special_tokens)
+        requests, ticket = engine_requests(self.model, ctx, rid, req, [ids], "messages")
         shape = _Shapes(self.model, req, rid, requests[0].params.n)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
 
     async def render(self, messages: list[ChatMessage], template: Optional[str], kwargs: Optional[dict],
-                     add_generation_prompt: bool = True) -> str:
-        """The prompt text, rendered in a worker thread (a template may be slow)."""
+                     add_generation_prompt: bool = True, continue_final_message: Optional[bool] = None) -> str:
+        """The prompt text, rendered in a worker thread (a template may be slow); with continue_final_message,
+        cut after the last message's content, which the model then continues."""
         kind = self._template_kind(template)
         source = template if template is not None else self.model.chat_template
         special = self.model.tokenizer.special_texts()
@@ -46,10 +48,11 @@ class ChatServing:
             return t.render(dicts, add_generation_prompt=add_generation_prompt, chat_template_kwargs=kwargs)
 
         try:
-            return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+            text = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
         except ChatTemplateError as e:
             raise bad_request(str(e), param="chat_template" if template is not None else "messages",
                               code="chat_template_error") from None
+        return _open_final_message(text, dicts[-1]) if continue_final_message else text
 
     def _template_kind(self, template: Optional[str]) -> type:
         if template is None:
@@ -62,11 +65,22 @@ class ChatServing:
                               code="chat_template_not_allowed")
         return UntrustedChatTemplate
 
-    def encode_rendered(self, text: str) -> list[int]:
-        """No doubled BOS: a template that writes the BOS text itself gets no second one."""
-        tok = self.model.tokenizer
-        bos = tok.special_texts().get("bos_token") or None
-        return tok.encode(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+    def encode_rendered(self, text: str, add_special: Optional[bool] = None) -> list[int]:
+        """The rendered prompt's ids: the vocabulary's BOS added unless add_special is False (vLLM's
+        add_special_tokens); never a second one when the template wrote its own (the tokenizer's rule)."""
+        return self.model.tokenizer.encode(text, add_special=add_special is not False, parse_special=True)
+
+
+def _open_final_message(text: str, final: dict) -> str:
+    """The rendered chat cut right after the final message's content, as transformers does for
+    continue_final_message (the template's end-of-turn after it is dropped)."""
+    content = final.get("content") or ""
+    for needle in (content, content.strip()):
+        at = text.rfind(needle) if needle else -1
+        if at >= 0:
+            return text[:at + len(needle)]
+    raise bad_request("continue_final_message is set but the final message's content does not appear in the "
+                      "rendered prompt", param="messages")
 
 
 class _Shapes:

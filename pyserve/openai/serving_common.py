@@ -9,6 +9,7 @@ sent) and asks the edge to admit it (a 429); `collect` or `stream_events` then r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Protocol
@@ -21,6 +22,7 @@ from .served_model import ServedModel
 from .sse import DONE, SHUTDOWN, STALLED, EngineRequest, StallWatch, choice_outputs, event
 
 log = logging.getLogger("pyserve.server")
+_engine_ids = itertools.count()
 
 
 # ---- prompts to engine requests ----
@@ -55,7 +57,8 @@ def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sam
             model.engine.check(ids, params)
         except ValueError as e:
             raise from_engine(e, prompt_param) from None
-        out.append(EngineRequest(p * n, ids, params, f"{rid}-{p}"))
+        out.append(EngineRequest(p * n, ids, params, f"{rid}-{p}.{next(_engine_ids)}"))  # unique: a client
+        # may send one X-Request-Id twice
     demand = Demand([(len(r.prompt_ids), r.params.max_tokens) for r in out for _ in range(n)],
                     req.max_new_tokens()[0])
     return out, ctx.admit(demand)
@@ -212,18 +215,22 @@ def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
 
 
 def completion_logprobs(model: ServedModel, token_ids: list[int], entries: list[dict], k: int,
-                        offset: int) -> CompletionLogprobs:
-    """Completions' logprobs: each token's text, its logprob, its top-k as {text: logprob}, its text offset."""
+                        offset: int) -> tuple[CompletionLogprobs, int]:
+    """Completions' logprobs: each token's text, its logprob, its top-k as {text: logprob} with the sampled
+    token always among them (so up to k + 1 entries, as OpenAI), its text offset. Returns them with the
+    offset after the last token."""
     tokens, token_lps, tops, offsets = [], [], [], []
     for tid, entry in zip(token_ids, entries):
         text, _ = model.token_text(tid)
         tokens.append(text)
         token_lps.append(entry.get(tid))
-        tops.append({model.token_text(t)[0]: v for t, v in _top(entry, k)})
+        top = dict(_top(entry, k))
+        top.setdefault(tid, entry.get(tid))
+        tops.append({model.token_text(t)[0]: v for t, v in top.items()})
         offsets.append(offset)
         offset += len(text)
     return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
-                                              text_offset=offsets)
+                                              text_offset=offsets), offset
 
 
 def chat_logprobs(model: ServedModel, token_ids: list[int], entries: list[dict], k: int) -> list[TokenLogprob]:

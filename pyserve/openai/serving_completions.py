@@ -5,7 +5,7 @@ from typing import AsyncIterator, Union
 
 from .context import RequestContext
 from .protocol import CompletionRequest
-from .responses import CompletionChoice, CompletionResponse, Usage, new_id, now
+from .responses import CompletionChoice, CompletionResponse, Usage, now
 from .served_model import ServedModel
 from .serving_common import Choice, collect, completion_logprobs, engine_requests, stream_events
 
@@ -17,19 +17,19 @@ class CompletionServing:
     async def create(self, req: CompletionRequest,
                      ctx: RequestContext) -> Union[CompletionResponse, AsyncIterator[bytes]]:
         self.model.check_name(req.model)
-        prompts = [self._ids(p) for p in req.prompts]
-        rid = new_id("cmpl")
+        prompts = [self._ids(p, req.add_special_tokens is not False) for p in req.prompts]
+        rid = ctx.response_id("cmpl")
         requests, ticket = engine_requests(self.model, ctx, rid, req, prompts, "prompt")
         shape = _Shapes(self.model, req, rid, prompts)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
 
-    def _ids(self, prompt: Union[str, list[int]]) -> list[int]:
+    def _ids(self, prompt: Union[str, list[int]], add_special: bool) -> list[int]:
         if not isinstance(prompt, str):
             return prompt
         self.model.check_text_size(len(prompt.encode()), "prompt")
-        return self.model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        return self.model.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
 
 
 class _Shapes:
@@ -48,9 +48,14 @@ class _Shapes:
         return self.model.tokenizer.decode(self.prompts[p], skip_special=self.req.skip_special_tokens is not False)
 
     def _logprobs(self, token_ids: list[int], entries: list[dict], offset: int):
+        """(the logprobs of these tokens or None, the text offset after them)."""
         if self.req.logprobs is None:
-            return None
+            return None, offset
         return completion_logprobs(self.model, token_ids, entries, self.req.logprobs, offset)
+
+    def _start(self, index: int) -> int:
+        """The text offset of a choice's first generated token: after its echo, if any."""
+        return len(self.echo(index)) if self.req.echo else 0
 
     def _body(self, choices: list, **extra) -> CompletionResponse:
         return CompletionResponse.model_construct(id=self.rid, object="text_completion", created=self.created,
@@ -62,8 +67,9 @@ class _Shapes:
         for idx in sorted(choices):
             c = choices[idx]
             text = (self.echo(idx) if self.req.echo else "") + c.text
+            lp, _ = self._logprobs(c.token_ids, c.logprobs, self._start(idx))
             out.append(CompletionChoice.model_construct(index=idx, text=text, finish_reason=c.finish_reason,
-                                                        logprobs=self._logprobs(c.token_ids, c.logprobs, 0)))
+                                                        logprobs=lp))
         return self._body(out, usage=u)
 
     def _chunk(self, choices: list) -> CompletionResponse:
@@ -77,10 +83,11 @@ class _Shapes:
                                                               finish_reason=None)]) for i in range(n)]
 
     def delta(self, idx: int, out) -> list:
-        offset = self.offsets.get(idx, 0)
-        lp = self._logprobs(out.token_ids_delta, out.logprobs_delta or [], offset)
-        self.offsets[idx] = offset + len(out.text_delta)
-        if not out.text_delta and not out.finish_reason:
+        """A chunk for text, for the end, and for tokens whose logprobs were asked even while their text is
+        held back (a partial UTF-8 character, a possible stop string): every entry goes out once, in order."""
+        offset = self.offsets[idx] if idx in self.offsets else self._start(idx)
+        lp, self.offsets[idx] = self._logprobs(out.token_ids_delta, out.logprobs_delta or [], offset)
+        if not out.text_delta and not out.finish_reason and lp is None:
             return []
         return [self._chunk([CompletionChoice.model_construct(index=idx, text=out.text_delta, logprobs=lp,
                                                               finish_reason=out.finish_reason)])]

@@ -33,7 +33,7 @@ class TokenServing:
 
     async def apply(self, req: TemplateRequest) -> str:
         return await self.chat.render(req.messages, req.chat_template, req.chat_template_kwargs,
-                                      req.add_generation_prompt)
+                                      req.add_generation_prompt, req.continue_final_message)
 
     async def apply_template(self, req: TemplateRequest) -> TemplateResponse:
         return TemplateResponse.model_construct(prompt=await self.apply(req))

@@ -122,7 +122,7 @@ def _error_handlers(app: QuartTrio) -> None:
         status = e.code or 500
         if status >= 500:  # werkzeug's own 5xx would be a bug of ours; never hand them out as they are
             log.error("HTTP %d for %s %s: %s", status, request.method, request.path, e.description)
-        err = OpenAIError(e.description or e.name, status, "invalid_request_error", None, _HTTP_CODES.get(e.code))
+        err = OpenAIError(_http_message(e), status, "invalid_request_error", None, _HTTP_CODES.get(e.code))
         allow = getattr(e, "valid_methods", None) if status == 405 else None
         return json_response(err.body(), status, {"Allow": ", ".join(allow)} if allow else None)
 
@@ -130,6 +130,14 @@ def _error_handlers(app: QuartTrio) -> None:
     async def any_error(e: Exception):
         log.exception("request failed")
         return json_response(server_error(f"internal error: {type(e).__name__}").body(), 500)
+
+
+def _http_message(e: HTTPException) -> str:
+    """What a client should read: for a 404, which path pyserve does not serve (not werkzeug's prose)."""
+    if e.code == 404:
+        return (f"{request.method} {request.path[:200]} is not supported by pyserve; see /openapi.json for the "
+                f"endpoints it serves")
+    return e.description or e.name
 
 
 def _shield_final_send(app: QuartTrio) -> None:

@@ -6,6 +6,8 @@ drain event, the stalled-client watch).
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import time
 from functools import partial
 from typing import Optional
@@ -13,7 +15,7 @@ from typing import Optional
 from quart import Response
 
 from ..openai.context import NullObserver, RequestContext
-from ..openai.errors import OpenAIError, server_error
+from ..openai.errors import OpenAIError, bad_request, server_error
 from .admission import Admission, AdmissionQueue, RateLimiter
 from .auth import AccessConfig, auth_error, bearer_token, cors_headers, match_key, origin_allowed
 from .config import ServerConfig
@@ -22,6 +24,8 @@ from .metrics import TIMER_KEY, Metrics
 log = logging.getLogger("pyserve.server")
 
 KEY_KEY = "pyserve.client_key"  # the client's key (API key or address) in the ASGI scope
+ID_KEY = "pyserve.request_id"  # the request's id in the ASGI scope (X-Request-Id in and out)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # POST endpoints that take a JSON body
 JSON_POSTS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template"})
 
@@ -51,6 +55,7 @@ class Edge:
 
     def before(self, request) -> Optional[Response]:
         """None to go on to the route, or the response that ends the request here."""
+        request.scope[ID_KEY] = _request_id(request.headers.get("X-Request-Id"))
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and origin and "Access-Control-Request-Method" in request.headers:
             return self._preflight(request, origin)  # before auth: browsers send no credentials on a preflight
@@ -95,6 +100,9 @@ class Edge:
                               "invalid_request_error", None, "unsupported_media_type")
 
     def after(self, request, resp: Response) -> Response:
+        rid = request.scope.get(ID_KEY)
+        if rid:
+            resp.headers["X-Request-Id"] = rid  # the SDKs' response.request_id
         origin = request.headers.get("Origin")
         allowed = self.access.allowed_origins
         if origin_allowed(origin, allowed) and "Access-Control-Allow-Origin" not in resp.headers:
@@ -106,7 +114,18 @@ class Edge:
         key = request.scope.get(KEY_KEY, "-")
         return RequestContext(observer=request.scope.get(TIMER_KEY) or NullObserver(),
                               admit=partial(self.admission.admit, key), draining=draining,
-                              stall_timeout=self.config.stalled_client_timeout, on_stall=self._stalled)
+                              stall_timeout=self.config.stalled_client_timeout, on_stall=self._stalled,
+                              request_id=request.scope.get(ID_KEY) or secrets.token_hex(12))
 
     def _stalled(self) -> None:
         self.stalled_clients += 1
+
+
+def _request_id(given: Optional[str]) -> str:
+    """The client's X-Request-Id (for tracing through routers), or a new one; 400 for one that is not a short
+    token (it is echoed in headers and logs)."""
+    if given is None:
+        return secrets.token_hex(12)
+    if not _REQUEST_ID.fullmatch(given):
+        raise bad_request("X-Request-Id must be 1-128 characters of letters, digits and ._:/+=-")
+    return given

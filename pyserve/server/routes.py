@@ -25,11 +25,13 @@ def add_routes(app: QuartTrio, state) -> None:
 
 def _generation_routes(app: QuartTrio, state) -> None:
     @app.post("/v1/completions")
+    @app.post("/completions")  # clients configured with a base URL without /v1 (llama.cpp's server takes both)
     async def completions():
         req = await _body(CompletionRequest)
         return reply(await state.serving().completions.create(req, state.context()))
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat_completions():
         req = await _body(ChatCompletionRequest)
         return reply(await state.serving().chat.create(req, state.context()))
@@ -62,10 +64,12 @@ def _info_routes(app: QuartTrio, state) -> None:
         return json_response({"status": "ok"})
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models():
         return json_response(ModelList(object="list", data=[state.serving().model_card()]))
 
     @app.get("/v1/models/<path:model>")
+    @app.get("/models/<path:model>")
     async def model(model: str):
         serving = state.serving()
         serving.model.check_name(model)
