@@ -135,3 +135,15 @@ def test_paths_without_v1(server):
     assert base.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
     c = base.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     assert c.usage.completion_tokens == 2
+
+
+def test_tokenizer_info_for_remote_tokenizers(server):
+    """What lm-eval's RemoteTokenizer reads: special tokens (their ids through /tokenize without special
+    tokens added), the chat template, the length."""
+    info = httpx.get(server.url + "/tokenizer_info").json()
+    assert (info["bos_token"], info["eos_token"], info["add_bos_token"]) == ("<bos>", "<eos>", True)
+    assert info["model_max_length"] == 8192 and "<start_of_turn>" in info["chat_template"]
+    ids = [httpx.post(server.url + "/tokenize", json={"prompt": info[k], "add_special_tokens": False}).json()["tokens"]
+           for k in ("bos_token", "eos_token")]
+    assert ids == [[2], [1]]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": [2, 1]}).json()["prompt"] == "<bos><eos>"

@@ -13,7 +13,8 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (r.ChatCompletionResponse, "serialization"), (r.ChatCompletionChunk, "serialization"),
            (r.CompletionResponse, "serialization"), (r.ModelList, "serialization"), (r.ModelCard, "serialization"),
            (r.TokenizeResponse, "serialization"), (r.DetokenizeResponse, "serialization"),
-           (r.TemplateResponse, "serialization"), (r.ErrorResponse, "serialization")]
+           (r.TemplateResponse, "serialization"), (r.TokenizerInfo, "serialization"),
+           (r.ErrorResponse, "serialization")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -60,6 +61,8 @@ def _paths() -> dict:
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),
         "/apply-template": _post("messages to the prompt text", p.TemplateRequest, r.TemplateResponse),
+        "/tokenizer_info": _get("the tokenizer's special tokens, template and length (vLLM's)",
+                                _ref(r.TokenizerInfo), ("401", "503")),
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
             "200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
             "401": _error("missing or wrong API key")}}},

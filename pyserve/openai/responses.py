@@ -169,3 +169,14 @@ class DetokenizeResponse(BaseModel):
 
 class TemplateResponse(BaseModel):
     prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    """vLLM's GET /tokenizer_info (what lm-eval's `tokenizer_backend=remote` reads)."""
+    tokenizer_class: str
+    bos_token: Optional[str]
+    eos_token: Optional[str]
+    pad_token: Optional[str]
+    add_bos_token: bool
+    model_max_length: int
+    chat_template: Optional[str]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .errors import bad_request
 from .protocol import DetokenizeRequest, TemplateRequest, TokenizeRequest
-from .responses import DetokenizeResponse, TemplateResponse, TokenizeResponse
+from .responses import DetokenizeResponse, TemplateResponse, TokenizeResponse, TokenizerInfo
 from .served_model import ServedModel
 from .serving_chat import ChatServing
 
@@ -30,6 +30,16 @@ class TokenServing:
             if not 0 <= t < n_vocab:
                 raise bad_request(f"token id {t} is outside the vocabulary [0, {n_vocab})", param="tokens")
         return DetokenizeResponse.model_construct(prompt=self.model.tokenizer.decode(req.tokens, skip_special=False))
+
+    def tokenizer_info(self) -> TokenizerInfo:
+        tok, m = self.model.tokenizer, self.model
+        special = tok.special_texts()
+        pad = m.engine.llm.engine.metadata.get("tokenizer.ggml.padding_token_id")
+        pad_text = m.token_text(pad)[0] if isinstance(pad, int) and 0 <= pad < tok.vocab_size else None
+        return TokenizerInfo.model_construct(
+            tokenizer_class=f"GGUF:{tok.model}", bos_token=special["bos_token"] or None,
+            eos_token=special["eos_token"] or None, pad_token=pad_text, add_bos_token=bool(tok.add_bos),
+            model_max_length=m.max_model_len, chat_template=m.chat_template)
 
     async def apply(self, req: TemplateRequest) -> str:
         return await self.chat.render(req.messages, req.chat_template, req.chat_template_kwargs,

@@ -48,6 +48,10 @@ def _token_routes(app: QuartTrio, state) -> None:
         req = await _body(DetokenizeRequest)
         return json_response(state.serving().tokens.detokenize(req))
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return json_response(state.serving().tokens.tokenizer_info())
+
     @app.post("/apply-template")
     async def apply_template():
         req = await _body(TemplateRequest)
