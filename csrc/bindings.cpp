@@ -186,6 +186,7 @@ void set_sampling(SamplingConfig& c, const std::string& k, py::handle v) {
   else if (k == "frequency_penalty") c.frequency_penalty = v.cast<float>();
   else if (k == "seed") c.seed = v.is_none() ? -1 : v.cast<int64_t>();
   else if (k == "logprobs") c.logprobs = v.is_none() ? -1 : v.cast<int>();
+  else if (k == "min_tokens") c.min_tokens = v.cast<int>();
   else if (k == "logit_bias") {
     for (auto kv : v.cast<py::dict>()) c.logit_bias.emplace_back(
         py::int_(py::reinterpret_borrow<py::object>(kv.first)).cast<int32_t>(), kv.second.cast<float>());

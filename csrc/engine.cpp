@@ -72,10 +72,18 @@ void Engine::check(const Request& req) const {
                                 std::to_string((int64_t)cfg_.num_kv_blocks * cfg_.block_size) + " tokens)");
   check_sampling(req.sampling, V);
   for (int32_t t : req.stop.stop_token_ids) check_token_id("stop_token_ids", t, V);
+  if (req.sampling.min_tokens > req.stop.max_tokens)
+    throw std::invalid_argument("min_tokens must be at most max_tokens (" + std::to_string(req.stop.max_tokens) +
+                                "), got " + std::to_string(req.sampling.min_tokens));
 }
 
 void Engine::add(Request req) {
   check(req);
+  if (req.sampling.min_tokens > 0) {  // what would end the request: EOS (unless ignored) and the stop ids
+    auto& banned = req.sampling.min_tokens_banned;
+    banned = req.stop.stop_token_ids;
+    if (!req.stop.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
+  }
   const HParams& hp = model_->hparams();
   const int n_prompt = (int)req.prompt.size();
   auto seq = std::make_unique<Sequence>();

@@ -335,6 +335,7 @@ void check_sampling(const SamplingConfig& c) {
     bad("frequency_penalty", "in [-2, 2]", c.frequency_penalty);
   for (const auto& [id, bias] : c.logit_bias)
     if (std::isnan(bias) || bias == kInf) bad("logit_bias value", "finite or -inf", bias);
+  if (c.min_tokens < 0) bad("min_tokens", ">= 0", c.min_tokens);
 }
 
 void check_sampling(const SamplingConfig& c, int n_vocab) {
@@ -342,6 +343,7 @@ void check_sampling(const SamplingConfig& c, int n_vocab) {
   check_sampling(c);
   if (c.logprobs > n_vocab) bad("logprobs", ("<= n_vocab (" + std::to_string(n_vocab) + ")").c_str(), c.logprobs);
   for (const auto& [id, bias] : c.logit_bias) check_token_id("logit_bias", id, n_vocab);
+  for (int32_t id : c.min_tokens_banned) check_token_id("stop_token_ids", id, n_vocab);
 }
 
 float logsumexp(const float* logits, int n) { return n > 0 ? logsumexp_at(logits, n, argmax(logits, n).value) : -kInf; }
@@ -393,16 +395,20 @@ SampleResult Sampler::sample(const float* logits) {
   const float lse = z_is_raw ? raw_max + (float)std::log(z) : logsumexp_at(logits, n_vocab_, raw_max);
   fill_logprobs(logits, lse, r);
   output_counts_[r.token]++;
+  n_out_++;
   return r;
 }
 
 const float* Sampler::modified_logits(const float* logits) {
   const bool rep = cfg_.repetition_penalty != 1.0f && (!prompt_ids_.empty() || !output_counts_.empty());
   const bool out = (cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f) && !output_counts_.empty();
-  if (cfg_.logit_bias.empty() && !rep && !out) return logits;
+  const bool ban = n_out_ < cfg_.min_tokens && !cfg_.min_tokens_banned.empty();
+  if (cfg_.logit_bias.empty() && !rep && !out && !ban) return logits;
   work_.resize(n_vocab_);
   float* m = work_.data();
   std::memcpy(m, logits, n_vocab_ * sizeof(float));
+  if (ban)
+    for (int32_t id : cfg_.min_tokens_banned) m[id] = -kInf;  // before the bias: no bias lifts them back
   for (const auto& [id, bias] : cfg_.logit_bias) m[id] += bias;
   if (rep) {  // once per distinct token seen in the prompt or the output (HF / vLLM)
     const float pen = cfg_.repetition_penalty;

@@ -26,6 +26,8 @@ struct SamplingConfig {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
   int64_t seed = -1;               // < 0: a random seed
   int logprobs = -1;               // number of top alternatives to report; < 0: none
+  int min_tokens = 0;              // outputs before `min_tokens_banned` may be drawn (vLLM's min_tokens)
+  std::vector<int32_t> min_tokens_banned;  // the ids that would end it early (EOS, stop ids; the engine's)
 };
 
 struct SampleResult {
@@ -78,6 +80,7 @@ class Sampler {
   int n_vocab_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int> output_counts_;  // token id → times generated
+  int64_t n_out_ = 0;                               // tokens sampled so far
   std::vector<uint8_t> in_prompt_;                  // [n_vocab] 1 where the token occurs in the prompt (rep. penalty only)
   std::vector<int32_t> prompt_ids_;                 // distinct prompt tokens, in first-seen order
   std::vector<float> work_;                         // [n_vocab] scratch: the modified logits, then their weights

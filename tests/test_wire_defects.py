@@ -147,3 +147,19 @@ def test_tokenizer_info_for_remote_tokenizers(server):
            for k in ("bos_token", "eos_token")]
     assert ids == [[2], [1]]
     assert httpx.post(server.url + "/detokenize", json={"tokens": [2, 1]}).json()["prompt"] == "<bos><eos>"
+
+
+def test_min_tokens_holds_off_every_end(client, server):
+    eos_first = {"1": 100}  # <eos> (id 1) made the certain next token: the sample ends at once
+    free = client.completions.create(model=MODEL, prompt="Hello", max_tokens=20, logit_bias=eos_first)
+    assert (free.choices[0].finish_reason, free.usage.completion_tokens) == ("stop", 1)
+    held = client.completions.create(model=MODEL, prompt="Hello", max_tokens=20, logit_bias=eos_first,
+                                     extra_body={"min_tokens": 6})
+    assert (held.choices[0].finish_reason, held.usage.completion_tokens) == ("stop", 7)  # 6 others, then <eos>
+    r = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=30, temperature=0, stop=[","],
+                                  extra_body={"min_tokens": 5})
+    assert r.usage.completion_tokens >= 5 and r.choices[0].finish_reason == "stop"
+    bad = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "min_tokens": 3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "min_tokens"
+    bad = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "min_tokens": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "min_tokens"

@@ -273,8 +273,7 @@ class AsyncLLM:
         if rid in self._active:
             raise ValueError(f"duplicate request id {rid!r}")
         eid = f"{rid}#{next(self._ids)}"
-        stream = RequestStream(rid, [RequestState(self.tokenizer, ids, params.stop, params.logprobs is not None,
-                                                  params.skip_special_tokens) for _ in range(params.n)])
+        stream = RequestStream(rid, [RequestState.for_params(self.tokenizer, ids, params) for _ in range(params.n)])
         self.loop.add(eid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
                       list(params.stop_token_ids), n=params.n)  # validates: ValueError, nothing queued
         self._streams[eid] = stream

@@ -74,8 +74,7 @@ class LLM:
         subs = []
         for i in range(params.n):
             out.outputs.append(CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None))
-            subs.append(((out.request_id, i), RequestState(self.tokenizer, ids, params.stop,
-                                                           params.logprobs is not None, params.skip_special_tokens)))
+            subs.append(((out.request_id, i), RequestState.for_params(self.tokenizer, ids, params)))
         return out, subs
 
     def _prompt_ids(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:

@@ -22,12 +22,21 @@ class Delta:
 
 
 class RequestState:
+    """One sample's text state. Stop strings only count from the `min_tokens`-th token on (vLLM's rule)."""
+
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], stop: list[str], want_logprobs: bool,
-                 skip_special: bool = True):
+                 skip_special: bool = True, min_tokens: int = 0):
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special=skip_special)
         self.stops = StopStrings(stop)
         self.want_logprobs = want_logprobs
+        self.min_tokens = min_tokens
+        self.n_tokens = 0
         self.finish_reason: Optional[str] = None
+
+    @classmethod
+    def for_params(cls, tokenizer: Tokenizer, prompt_ids: list[int], params) -> "RequestState":
+        return cls(tokenizer, prompt_ids, params.stop, params.logprobs is not None, params.skip_special_tokens,
+                   params.min_tokens)
 
     def process(self, token: int, logprob: float, top: list, finish_reason: str) -> Delta:
         """One engine output. A stop-string match sets finish_reason 'stop' (the caller aborts the request)."""
@@ -38,7 +47,9 @@ class RequestState:
                 entry = {token: logprob}
                 entry.update({tid: lp for tid, lp in top if tid not in entry})
                 d.logprobs = [entry]
-            d.text = self.stops.feed(self.detok.add(token))
+            self.n_tokens += 1
+            text = self.detok.add(token)
+            d.text = self.stops.feed(text) if self.n_tokens >= self.min_tokens else text
             if self.stops.matched is not None:
                 self.finish_reason = d.finish_reason = "stop"
                 return d

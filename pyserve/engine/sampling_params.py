@@ -22,6 +22,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     max_tokens: int = 16
+    min_tokens: int = 0  # EOS, stop ids and stop strings cannot end a sample before this many tokens
     logprobs: Optional[int] = None  # number of alternatives besides the chosen token
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
@@ -61,4 +62,5 @@ class SamplingParams:
             "seed": seed,
             "logprobs": -1 if self.logprobs is None else self.logprobs,
             "logit_bias": self.logit_bias,
+            "min_tokens": self.min_tokens,
         }

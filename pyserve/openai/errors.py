@@ -89,7 +89,7 @@ def from_validation(e: ValidationError) -> OpenAIError:
 _FIELD = re.compile(r"^([a-z_]+)(?::| must| is| holds)")
 _KNOWN_FIELDS = frozenset({"prompt", "logit_bias", "stop_token_ids", "temperature", "top_k", "top_p", "min_p",
                            "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "max_tokens",
-                           "n", "logprobs", "stop"})
+                           "n", "logprobs", "stop", "min_tokens"})
 
 
 def from_engine(e: BaseException, prompt_param: str = "prompt") -> OpenAIError:

@@ -144,6 +144,7 @@ TopP = Annotated[Optional[float], Field(gt=0, le=1)]
 TopK = Annotated[Optional[int], Field(ge=-1)]
 MinP = Annotated[Optional[float], Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[Optional[float], Field(gt=0, le=2)]
+MinTokens = Annotated[Optional[int], Field(ge=0)]  # vLLM's: no end (EOS, stop ids or strings) before this
 Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (negative: as its 63-bit mask)
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
 
@@ -186,7 +187,8 @@ class _Sampling(_Model):
             repetition_penalty=_or(self.repetition_penalty, 1.0),
             seed=None if self.seed is None else self.seed & SEED_MASK, stop=self.stop_list(),
             stop_token_ids=list(self.stop_token_ids or ()), ignore_eos=bool(self.ignore_eos),
-            max_tokens=max_tokens, logprobs=self.logprobs_wanted(), logit_bias=_token_id_keys(self.logit_bias),
+            max_tokens=max_tokens, min_tokens=self.min_tokens or 0, logprobs=self.logprobs_wanted(),
+            logit_bias=_token_id_keys(self.logit_bias),
             skip_special_tokens=_or(self.skip_special_tokens, True))
 
     def logprobs_wanted(self) -> Optional[int]:
@@ -241,6 +243,7 @@ class ChatCompletionRequest(_Sampling):
     min_p: MinP = None
     repetition_penalty: RepetitionPenalty = None
     ignore_eos: Optional[bool] = None
+    min_tokens: MinTokens = None
     stop_token_ids: StopTokenIds = None
     skip_special_tokens: Optional[bool] = None
     chat_template: Optional[str] = None
@@ -334,6 +337,7 @@ class CompletionRequest(_Sampling):
     min_p: MinP = None
     repetition_penalty: RepetitionPenalty = None
     ignore_eos: Optional[bool] = None
+    min_tokens: MinTokens = None
     stop_token_ids: StopTokenIds = None
     skip_special_tokens: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # vLLM's: False sends the prompt without a BOS
