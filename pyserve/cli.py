@@ -64,7 +64,8 @@ def _serve(args: argparse.Namespace) -> int:
                             n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens or 128,
-                            trust_request_chat_template=args.trust_request_chat_template))
+                            trust_request_chat_template=args.trust_request_chat_template,
+                            pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings))
 
 
 def _generate_parser(sub) -> None:
@@ -87,6 +88,10 @@ def _serve_parser(sub) -> None:
     srv.add_argument("--trust-request-chat-template", action="store_true",
                      help="render a 'chat_template' sent in a request (with CPU and memory limits); refused "
                           "with 400 otherwise")
+    srv.add_argument("--pooling", choices=("last", "mean"), default="last",
+                     help="/v1/embeddings: the last token's final-norm hidden state (vLLM's default for decoder "
+                          "models) or the mean over the prompt")
+    srv.add_argument("--no-normalize-embeddings", action="store_true", help="embeddings without L2 normalisation")
     _edge_args(srv)
     srv.set_defaults(func=_serve)
 

@@ -9,6 +9,7 @@ from . import responses as r
 
 _REF = "#/components/schemas/{model}"
 _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "validation"),
+           (p.EmbeddingRequest, "validation"), (r.EmbeddingResponse, "serialization"),
            (p.TokenizeRequest, "validation"), (p.DetokenizeRequest, "validation"), (p.TemplateRequest, "validation"),
            (r.ChatCompletionResponse, "serialization"), (r.ChatCompletionChunk, "serialization"),
            (r.CompletionResponse, "serialization"), (r.ModelList, "serialization"), (r.ModelCard, "serialization"),
@@ -58,6 +59,7 @@ def _paths() -> dict:
         "/v1/completions": _post("text completion", p.CompletionRequest, r.CompletionResponse, r.CompletionResponse),
         "/v1/chat/completions": _post("chat completion", p.ChatCompletionRequest, r.ChatCompletionResponse,
                                       r.ChatCompletionChunk),
+        "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),
         "/apply-template": _post("messages to the prompt text", p.TemplateRequest, r.TemplateResponse),

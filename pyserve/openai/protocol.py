@@ -467,3 +467,27 @@ def parse_body(model: type[BaseModel], data: bytes):
         raise from_validation(e) from None
     _log_unknown(req)
     return req
+
+
+EmbeddingInput = Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]],
+                       Field(min_length=1, max_length=MAX_PROMPTS)], TokenIds,
+                       Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]]
+
+
+class EmbeddingRequest(_Model):
+    """/v1/embeddings (OpenAI's fields, in its order)."""
+    input: EmbeddingInput
+    model: Optional[str] = None
+    dimensions: Annotated[Optional[int], Field(ge=1)] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    user: Optional[str] = None
+    # vLLM's extras
+    add_special_tokens: Optional[bool] = None
+
+    @property
+    def inputs(self) -> list[Union[str, list[int]]]:
+        """Each input: a string or token ids."""
+        x = self.input
+        if isinstance(x, str) or isinstance(x[0], int):
+            return [x]
+        return list(x)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, Field
 
@@ -169,6 +169,24 @@ class DetokenizeResponse(BaseModel):
 
 class TemplateResponse(BaseModel):
     prompt: str
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str]  # base64: little-endian float32
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
 
 
 class TokenizerInfo(BaseModel):

@@ -24,17 +24,22 @@ class ServedModel:
     no_template_reason: str
     trust_request_chat_template: bool  # a request may bring its own template (rendered with limits)
     created: int
+    n_embd: int = 0  # an embedding's length
+    pooling: str = "last"  # embeddings: the last token's hidden state, or the mean over the prompt
+    normalize_embeddings: bool = True  # L2-normalised
 
     @classmethod
     def from_engine(cls, engine, name: Optional[str] = None, chat_template: Optional[str] = None,
-                    trust_request_chat_template: bool = False) -> "ServedModel":
+                    trust_request_chat_template: bool = False, pooling: str = "last",
+                    normalize_embeddings: bool = True) -> "ServedModel":
         llm = engine.llm
-        cfg = llm.engine.config
+        cfg, hp = llm.engine.config, llm.engine.hparams
         template = chat_template if chat_template is not None else _model_template(llm.engine.metadata)
         return cls(name or _file_stem(llm.model_path), engine, engine.tokenizer,
                    min(cfg["n_ctx"], cfg["num_kv_blocks"] * cfg["block_size"]), int(cfg.get("max_num_seqs", 64)),
-                   _longest_token(engine.tokenizer, llm.engine.hparams["n_vocab"]), template,
-                   "" if template is not None else _NO_TEMPLATE, trust_request_chat_template, int(time.time()))
+                   _longest_token(engine.tokenizer, hp["n_vocab"]), template,
+                   "" if template is not None else _NO_TEMPLATE, trust_request_chat_template, int(time.time()),
+                   hp["n_embd"], pooling, normalize_embeddings)
 
     def check_name(self, name: Optional[str]) -> None:
         if name is not None and name != self.name:

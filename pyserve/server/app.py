@@ -21,6 +21,7 @@ from ..openai.responses import ModelCard
 from ..openai.served_model import ServedModel
 from ..openai.serving_chat import ChatServing
 from ..openai.serving_completions import CompletionServing
+from ..openai.serving_embeddings import EmbeddingServing
 from ..openai.serving_tokens import TokenServing
 from .config import ServerConfig
 from .edge import Edge
@@ -43,6 +44,7 @@ class Serving:
         self.chat = ChatServing(model)
         self.completions = CompletionServing(model)
         self.tokens = TokenServing(model, self.chat)
+        self.embeddings = EmbeddingServing(model)
 
     def model_card(self) -> ModelCard:
         m = self.model
@@ -61,7 +63,8 @@ class AppState:
 
     def set_engine(self, engine) -> None:
         c = self.config
-        model = ServedModel.from_engine(engine, c.served_model_name, c.chat_template, c.trust_request_chat_template)
+        model = ServedModel.from_engine(engine, c.served_model_name, c.chat_template, c.trust_request_chat_template,
+                                        c.pooling, c.normalize_embeddings)
         self.metrics.serve_model(model.name, engine.stats)
         self.loaded = Serving(model)
 

@@ -22,3 +22,5 @@ class ServerConfig:
     body_timeout: float = 30.0  # seconds to receive a body; slower gets 408
     stalled_client_timeout: float = 30.0  # seconds a stream write may wait on a client that is not reading
     trust_request_chat_template: bool = False  # render a template sent in a request (with CPU/memory limits)
+    pooling: str = "last"  # /v1/embeddings: "last" (the last token's final-norm hidden state) or "mean"
+    normalize_embeddings: bool = True

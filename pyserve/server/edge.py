@@ -27,7 +27,8 @@ KEY_KEY = "pyserve.client_key"  # the client's key (API key or address) in the A
 ID_KEY = "pyserve.request_id"  # the request's id in the ASGI scope (X-Request-Id in and out)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # POST endpoints that take a JSON body
-JSON_POSTS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/apply-template"})
+JSON_POSTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/completions",
+                        "/chat/completions", "/embeddings", "/tokenize", "/detokenize", "/apply-template"})
 
 
 class Edge:

@@ -5,8 +5,8 @@ from quart import request
 from quart_trio import QuartTrio
 
 from ..openai.openapi import openapi_document
-from ..openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TemplateRequest,
-                               TokenizeRequest, parse_body)
+from ..openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
+                               TemplateRequest, TokenizeRequest, parse_body)
 from ..openai.responses import ModelList
 from .info import model_info, server_info, version
 from .metrics import CONTENT_TYPE
@@ -29,6 +29,12 @@ def _generation_routes(app: QuartTrio, state) -> None:
     async def completions():
         req = await _body(CompletionRequest)
         return reply(await state.serving().completions.create(req, state.context()))
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings():
+        req = await _body(EmbeddingRequest)
+        return json_response(await state.serving().embeddings.create(req, state.context()))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")

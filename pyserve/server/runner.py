@@ -60,6 +60,8 @@ class ServeOptions:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 128  # per step: small chunks of new prompts keep inter-token latency steady
     trust_request_chat_template: bool = False
+    pooling: str = "last"
+    normalize_embeddings: bool = True
 
 
 def _app(opts: ServeOptions):
@@ -76,7 +78,8 @@ def _app(opts: ServeOptions):
         rate_limit_tpm=opts.rate_limit_tpm, max_waiting=opts.max_waiting, max_queue_wait=opts.max_queue_wait,
         max_body_size=opts.max_body_size, body_timeout=opts.body_timeout,
         stalled_client_timeout=opts.stalled_client_timeout,
-        trust_request_chat_template=opts.trust_request_chat_template))
+        trust_request_chat_template=opts.trust_request_chat_template, pooling=opts.pooling,
+        normalize_embeddings=opts.normalize_embeddings))
 
 
 def _hypercorn_config(opts: ServeOptions, metrics) -> HypercornConfig:
