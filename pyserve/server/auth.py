@@ -3,9 +3,10 @@
 Keys come from `--api-key` (repeatable), `PYSERVE_API_KEY` and `--api-key-file` (one key per line; blank
 lines and `#` comments skipped). With any key configured, `Authorization: Bearer KEY` is required on
 /v1/*, /tokenize, /detokenize and /apply-template (and on /metrics with `--metrics-require-key`); /health,
-/openapi.json and CORS preflights stay open. Keys are compared in constant time against every configured key
-(no early exit on the first match), a failure is counted and answered 401 with OpenAI's error JSON, and the
-presented key is never logged.
+/openapi.json, the chat page (`/` and `/webui/*`: the page asks for the key itself) and CORS preflights
+stay open. Keys are compared in constant time against every configured key (no early exit on the first
+match), a failure is counted and answered 401 with OpenAI's error JSON, and the presented key is never
+logged.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ..openai.errors import OpenAIError
 
 log = logging.getLogger("pyserve.server")
 
-OPEN_PATHS = ("/health", "/openapi.json")
+OPEN_PATHS = ("/health", "/openapi.json", "/")
+OPEN_PREFIX = "/webui/"  # the chat page's assets (webui.py serves only its own files there)
 
 
 def load_keys(keys: Iterable[str] = (), key_file: Optional[str] = None, env: bool = True) -> list[str]:
@@ -57,7 +59,7 @@ class AccessConfig:
     def requires_key(self, path: str) -> bool:
         if not self.api_keys:
             return False
-        if path in OPEN_PATHS:
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIX):
             return False
         if path == "/metrics":
             return self.metrics_require_key

@@ -11,6 +11,7 @@ from ..openai.responses import ModelList
 from .info import model_info, server_info, version
 from .metrics import CONTENT_TYPE
 from .responses import json_response, reply
+from .webui import add_webui_routes
 
 
 async def _body(model: type):
@@ -21,6 +22,7 @@ def add_routes(app: QuartTrio, state) -> None:
     _generation_routes(app, state)
     _token_routes(app, state)
     _info_routes(app, state)
+    add_webui_routes(app)  # the chat page at /
 
 
 def _generation_routes(app: QuartTrio, state) -> None:
