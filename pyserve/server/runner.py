@@ -181,11 +181,25 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
     return code
 
 
+def _ignore_late_signals() -> None:
+    """The drain is over and the signal receiver gone: a second SIGTERM now (a supervisor repeating itself)
+    must not turn the exit code 0 of a clean shutdown into death by signal."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def run(opts: ServeOptions) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+
+    async def serve_then_ignore() -> int:
+        try:
+            return await serve(opts)
+        finally:
+            _ignore_late_signals()
+
     try:
-        return trio.run(serve, opts)
+        return trio.run(serve_then_ignore)
     except BaseException as e:  # noqa: BLE001 - unwrap a lone error from trio's exception groups
         leaf = e
         while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
