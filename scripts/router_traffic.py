@@ -18,9 +18,11 @@ streamed and not, temperature 0) naming the model the router's /v1/models lists 
 compared with the same request sent straight to a replica before the load: the text must be identical.
 
 Printed at the end: requests sent, status counts, 5xx count, transport errors, wrong answers, replica exits
-during the run (with the tail of a dead replica's stderr), requests each replica served, leaked KV blocks per
-replica (`pyserve:kv_blocks_used` once the load is over) and each replica's exit code on SIGTERM. Exit status
-0 when all hold: no 5xx, no transport error, no wrong answer, no replica exit, 0 blocks, exit codes 0.
+during the run (with the tail of a dead replica's stderr), requests each replica served (the first also took
+the 12 reference requests), leaked KV blocks per replica (`pyserve:kv_blocks_used` once the load is over),
+connections a replica ended on an error (`pyserve:connection_errors_total`) and each replica's exit code on
+SIGTERM. Exit status 0 when all hold: only 200s, no transport error, no wrong answer, no replica down, 0 blocks,
+0 connection errors, exit codes 0.
 """
 from __future__ import annotations
 
@@ -340,7 +342,9 @@ def run(args) -> dict:
             "wrong_examples": [[s.route, s.prompt, s.stream, status, text] for s, status, text in tally.wrong[:5]],
             "replica_exits_during_run": {str(i): v for i, v in tally.replica_exits.items()},
             "served": [m and m.get("request_success_total", 0) for m in after],
-            "leaked_blocks": [m and m.get("kv_blocks_used") for m in after], "exit_codes_on_sigterm": exits,
+            "leaked_blocks": [m and m.get("kv_blocks_used") for m in after],
+            "connection_errors": [m and m.get("connection_errors_total", 0) for m in after],
+            "exit_codes_on_sigterm": exits,
             "dead_replica_stderr": {str(i): "".join(d.replicas[i].stderr)[-4000:] for i in tally.replica_exits},
             "router_log_tail": d.router.log_tail(20)}
 
@@ -348,6 +352,7 @@ def run(args) -> dict:
 def ok(report: dict) -> bool:
     return (report["5xx"] == 0 and not report["transport_errors"] and report["wrong"] == 0
             and not report["replica_exits_during_run"] and all(b == 0 for b in report["leaked_blocks"])
+            and all(n == 0 for n in report["connection_errors"])
             and all(c == 0 for c in report["exit_codes_on_sigterm"]) and set(report["statuses"]) == {"200"})
 
 
@@ -368,7 +373,8 @@ def main() -> int:
     report = run(args)
     report["ok"] = ok(report)
     for key in ("router_cmd", "model", "sent", "statuses", "5xx", "transport_errors", "wrong", "wrong_examples",
-                "replica_exits_during_run", "served", "leaked_blocks", "exit_codes_on_sigterm", "ok"):
+                "replica_exits_during_run", "served", "leaked_blocks", "connection_errors", "exit_codes_on_sigterm",
+                "ok"):
         print(f"{key}: {report[key]}")
     for i, tail in report["dead_replica_stderr"].items():
         print(f"--- replica {i} exited; the end of its stderr:\n{tail}")
