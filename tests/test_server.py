@@ -269,6 +269,8 @@ def test_tokenize_template_info(server):
     assert r.json()["error"]["code"] == "chat_template_not_allowed"
     info = httpx.get(u + "/server_info").json()
     assert info["model"] == MODEL and info["ready"] and "stats" in info
+    # the keys sglang-router reads: the name it lists and routes by, the file kept under model_path
+    assert info["served_model_name"] == MODEL and info["model_path"].endswith(".gguf")
     mi = httpx.get(u + "/model_info").json()
     assert mi["hparams"]["arch"] == "gemma3" and "tokenizer.ggml.tokens" not in mi["metadata"]
     r = httpx.get(u + "/metrics")

@@ -26,7 +26,9 @@ def server_info(state) -> dict:
     if state.loaded is not None:
         m = state.loaded.model
         llm = m.engine.llm
-        info.update({"model_path": llm.model_path, "engine_config": llm.engine.config,
+        # served_model_name (SGLang's key): the name a router lists and sends; sglang-router falls back to
+        # model_path (the GGUF file here) without it, and replicas refuse that name (tests/test_router.py)
+        info.update({"served_model_name": m.name, "model_path": llm.model_path, "engine_config": llm.engine.config,
                      "max_model_len": m.max_model_len, "stats": m.engine.stats(), "chat_template": m.chat_template})
     return info
 
