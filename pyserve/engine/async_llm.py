@@ -236,7 +236,8 @@ class AsyncLLM:
         return s
 
     def abort(self, request_id: str) -> None:
-        """Aborts a request by its user id (thread-safe enqueue); its stream ends with finish_reason "abort"."""
+        """Aborts a request by its user id (thread-safe enqueue); its stream ends with finish_reason "abort" (an
+        embed() call raises RuntimeError)."""
         eid = self._active.get(request_id)
         if eid is not None:
             self.loop.abort(eid)
