@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "engine.h"
@@ -336,7 +337,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int 
 }
 
 Request make_request(const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling, int max_tokens,
-                     bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
+                     bool ignore_eos, std::vector<int32_t> stop_token_ids, int n, std::optional<int> prompt_logprobs) {
   Request r;
   r.id = id;
   r.prompt = std::move(prompt);
@@ -345,6 +346,9 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
   r.stop.ignore_eos = ignore_eos;
   r.stop.stop_token_ids = std::move(stop_token_ids);
   r.n = n;
+  if (prompt_logprobs && *prompt_logprobs < 0)  // None is "none" here; the engine's -1 is not a Python value
+    throw std::invalid_argument("prompt_logprobs must be >= 0 or None, got " + std::to_string(*prompt_logprobs));
+  r.prompt_logprobs = prompt_logprobs.value_or(-1);
   return r;
 }
 
@@ -353,19 +357,74 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
 template <class C, class Method>
 void def_request(py::class_<C>& cls, const char* name, Method method, const char* doc) {
   cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
-                         int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n) {
-    (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n));
+                         int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n,
+                         std::optional<int> prompt_logprobs) {
+    (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n,
+                                prompt_logprobs));
   }, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
      py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-     py::arg("n") = 1, doc);
+     py::arg("n") = 1, py::arg("prompt_logprobs") = py::none(), doc);
 }
 
-// (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached) per output
+Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std::string& pooling, bool normalize) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.stop.max_tokens = 0;
+  if (pooling == "last") r.pooling = Pooling::LAST;
+  else if (pooling == "mean") r.pooling = Pooling::MEAN;
+  else throw std::invalid_argument("pooling must be 'last' or 'mean', got '" + printable(pooling) + "'");
+  r.normalize = normalize;
+  return r;
+}
+
+// add_embed and check_embed on an Engine or an EngineLoop: an embedding request (Request::pooling).
+template <class C, class Add, class Check>
+void def_embed(py::class_<C>& cls, Add add, Check check) {
+  cls.def("add_embed", [add](C& self, const std::string& id, std::vector<int32_t> prompt, const std::string& pooling,
+                             bool normalize) { (self.*add)(make_embed(id, std::move(prompt), pooling, normalize)); },
+          py::arg("request_id"), py::arg("prompt"), py::arg("pooling") = "last", py::arg("normalize") = true,
+          "Validates and queues an embedding request (prefill only): its one output (finish_reason 'stop') "
+          "carries the pooled final-norm state, 'last' row or 'mean' of the rows, L2-normalised if `normalize`");
+  cls.def("check_embed", [check](C& self, std::vector<int32_t> prompt, const std::string& pooling, bool normalize) {
+            (self.*check)(make_embed("check", std::move(prompt), pooling, normalize));
+          }, py::arg("prompt"), py::arg("pooling") = "last", py::arg("normalize") = true,
+          "Raises the ValueError add_embed would raise (a live id aside); queues nothing; thread-safe");
+}
+
+// One prompt position per entry, None for position 0 (nothing precedes it), else {prompt token: logprob,
+// then its top alternatives} (the shape of a generated token's logprobs entry).
+py::object prompt_logprobs_to_py(const std::shared_ptr<const std::vector<SampleResult>>& lp) {
+  if (!lp) return py::none();
+  py::list l;
+  l.append(py::none());
+  for (const SampleResult& r : *lp) {
+    py::dict d;
+    d[py::int_(r.token)] = r.logprob;
+    for (const auto& [id, v] : r.top) {
+      py::int_ key(id);
+      if (!d.contains(key)) d[key] = v;
+    }
+    l.append(std::move(d));
+  }
+  return l;
+}
+
+py::object embedding_to_py(const std::vector<float>& e) {
+  if (e.empty()) return py::none();
+  py::array_t<float> a((py::ssize_t)e.size());
+  std::memcpy(a.mutable_data(), e.data(), e.size() * sizeof(float));
+  return a;
+}
+
+// (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached, embedding,
+// prompt_logprobs) per output
 py::list outputs_to_py(std::vector<StepOutput>& outs) {
   py::list l;
   for (StepOutput& o : outs)
     l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt, o.index, o.scheduled_ts,
-                            o.step_ts, o.n_cached));
+                            o.step_ts, o.n_cached, embedding_to_py(o.embedding),
+                            prompt_logprobs_to_py(o.prompt_logprobs)));
   return l;
 }
 
@@ -420,8 +479,10 @@ void bind_engine(py::module_& m) {
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
            "index < 0: every sample of the request; else that sample only")
       .def("step", &engine_step,
-           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached)]; "
-           "releases the GIL")
+           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached, "
+           "embedding, prompt_logprobs)]: embedding a float32 array [n_embd] on an embedding's output, else None; "
+           "prompt_logprobs [None, {token: logprob, ...} per position 1 …] on the first output of a request that "
+           "asked for them, else None; releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
@@ -430,6 +491,7 @@ void bind_engine(py::module_& m) {
   def_request(engine, "check_request", &Engine::check,
               "Raises the ValueError add would raise for these arguments (a live id aside); queues nothing; "
               "thread-safe");
+  def_embed(engine, &Engine::add, &Engine::check);
 
   py::class_<EngineLoop> loop(m, "EngineLoop");
   loop
@@ -442,6 +504,7 @@ void bind_engine(py::module_& m) {
       .def("drain", &loop_drain, "-> outputs since the last drain; resets the fd");
   def_request(loop, "add", &EngineLoop::add, "Engine.add, then wakes the loop; thread-safe");
   def_request(loop, "check_request", &EngineLoop::check, "Engine.check_request; thread-safe, queues nothing");
+  def_embed(loop, &EngineLoop::add, &EngineLoop::check);
 }
 
 // ---- block manager and scheduler without a model (unit tests) ----

@@ -159,7 +159,7 @@ bool BlockManager::can_allocate(const std::vector<int32_t>& prefix, int n_tokens
 }
 
 int BlockManager::allocate(BlockTable& t, const std::vector<int32_t>& tokens, const std::vector<int32_t>& prefix,
-                           int n_tokens) {
+                           int n_tokens, bool looked_up) {
   if (!t.blocks.empty()) throw std::logic_error("allocate on a table that holds blocks");
   if (!can_allocate(prefix, n_tokens)) throw std::logic_error("allocate without room: check can_allocate first");
   for (int32_t b : prefix) retain(b);
@@ -168,8 +168,10 @@ int BlockManager::allocate(BlockTable& t, const std::vector<int32_t>& tokens, co
   int fresh = blocks_for(n_tokens) - (int)prefix.size();
   for (int i = 0; i < fresh; i++) t.blocks.push_back(take_fresh());
   int hit = (int)prefix.size() * block_size_;
-  queried_ += tokens.size();
-  hit_ += hit;
+  if (looked_up) {
+    queried_ += tokens.size();
+    hit_ += hit;
+  }
   return hit;
 }
 

@@ -63,8 +63,10 @@ class BlockManager {
   // Whether a table holding `prefix` (from lookup) plus fresh blocks up to n_tokens fits now.
   bool can_allocate(const std::vector<int32_t>& prefix, int n_tokens) const;
   // Admission of an empty table: reuses `prefix`, adds fresh blocks so it holds n_tokens, counts tokens.size()
-  // queried and the prefix's tokens hit. Returns the hit tokens; throws std::logic_error if it does not fit.
-  int allocate(BlockTable& t, const std::vector<int32_t>& tokens, const std::vector<int32_t>& prefix, int n_tokens);
+  // queried and the prefix's tokens hit (unless !looked_up: a table that skipped the lookup counts neither).
+  // Returns the hit tokens; throws std::logic_error if it does not fit.
+  int allocate(BlockTable& t, const std::vector<int32_t>& tokens, const std::vector<int32_t>& prefix, int n_tokens,
+               bool looked_up = true);
   // Makes t hold n_tokens, writable from position n_computed on. False, with nothing changed, if blocks are short.
   bool append(BlockTable& t, int n_computed, int n_tokens, std::vector<BlockCopy>* copies);
   // Registers t's full blocks within the first n_computed tokens.

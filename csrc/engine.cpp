@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 namespace pyserve {
@@ -13,6 +14,8 @@ double monotonic_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+constexpr int kScoreRows = 32;  // prompt rows projected at a time: bounds score_logits_ to 32 × n_vocab floats
+
 int default_blocks(const HParams& hp, const EngineConfig& c) {
   size_t per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
   if (c.num_kv_blocks > 0) return c.num_kv_blocks;
@@ -20,6 +23,33 @@ int default_blocks(const HParams& hp, const EngineConfig& c) {
   size_t by_memory = (512ull << 20) / per_block;
   size_t for_ctx = ((size_t)c.n_ctx + c.block_size - 1) / c.block_size;
   return (int)std::max(by_memory, for_ctx);
+}
+
+// An embedding's vector: the last row, or the mean of the rows; L2-normalised when asked (in double).
+std::vector<float> pooled_vector(const Sequence& s) {
+  const double n = s.pooling == Pooling::MEAN ? s.n_prompt : 1;
+  std::vector<double> v = s.pooled;
+  double ss = 0;
+  for (double& x : v) {
+    x /= n;
+    ss += x * x;
+  }
+  const double scale = s.normalize && ss > 0 ? 1.0 / std::sqrt(ss) : 1.0;
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); i++) out[i] = (float)(v[i] * scale);
+  return out;
+}
+
+// An output of seq's sample `index` at time t: no token, no finish reason yet.
+StepOutput output_of(const Sequence& s, int index, double t) {
+  StepOutput o;
+  o.id = s.id;
+  o.n_prompt = s.n_prompt;
+  o.index = index;
+  o.scheduled_ts = s.first_scheduled;
+  o.step_ts = t;
+  o.n_cached = std::max(0, s.n_cached);
+  return o;
 }
 
 }  // namespace
@@ -50,31 +80,52 @@ void Engine::check(const Request& req) const {
   const int V = model_->hparams().n_vocab;
   if (req.prompt.empty()) throw std::invalid_argument("prompt is empty");
   for (int32_t t : req.prompt) check_token_id("prompt", t, V);
-  if (req.stop.max_tokens < 1)
-    throw std::invalid_argument("max_tokens must be at least 1, got " + std::to_string(req.stop.max_tokens));
-  if (req.n < 1 || req.n > cfg_.max_num_seqs)
-    throw std::invalid_argument("n must be in [1, max_num_seqs = " + std::to_string(cfg_.max_num_seqs) + "], got " +
-                                std::to_string(req.n));
-  const int n_prompt = (int)req.prompt.size();
-  int64_t total = (int64_t)n_prompt + req.stop.max_tokens;
-  if (total > cfg_.n_ctx)
-    throw std::invalid_argument("prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                                std::to_string(req.stop.max_tokens) + ") exceeds the context length " +
-                                std::to_string(cfg_.n_ctx));
-  // The prompt's full blocks are shared; each sample holds the rest (its copy of a partial last block too).
-  const int shared = n_prompt / cfg_.block_size;
-  const int64_t need = shared + (int64_t)req.n * (scheduler_->blocks_needed((int)total) - shared);
-  if (need > cfg_.num_kv_blocks)
-    throw std::invalid_argument("prompt + " + (req.n > 1 ? std::to_string(req.n) + " × " : std::string()) +
-                                "max_tokens (" + std::to_string(n_prompt) + " + " +
-                                (req.n > 1 ? std::to_string(req.n) + " × " : std::string()) +
-                                std::to_string(req.stop.max_tokens) + " tokens) exceeds the KV cache (" +
-                                std::to_string((int64_t)cfg_.num_kv_blocks * cfg_.block_size) + " tokens)");
+  check_kind(req);
+  check_size(req);
   check_sampling(req.sampling, V);
   for (int32_t t : req.stop.stop_token_ids) check_token_id("stop_token_ids", t, V);
   if (req.sampling.min_tokens > req.stop.max_tokens)
     throw std::invalid_argument("min_tokens must be at most max_tokens (" + std::to_string(req.stop.max_tokens) +
                                 "), got " + std::to_string(req.sampling.min_tokens));
+}
+
+void Engine::check_kind(const Request& req) const {
+  const int max_tokens = req.stop.max_tokens, V = model_->hparams().n_vocab;
+  if (req.pooling != Pooling::NONE) {
+    if (req.n != 1 || max_tokens != 0 || req.prompt_logprobs >= 0)
+      throw std::invalid_argument("pooling: an embedding request has n 1, max_tokens 0 and no prompt_logprobs");
+    return;
+  }
+  if (req.prompt_logprobs > V)
+    throw std::invalid_argument("prompt_logprobs must be <= n_vocab (" + std::to_string(V) + "), got " +
+                                std::to_string(req.prompt_logprobs));
+  const int least = req.prompt_logprobs >= 0 ? 0 : 1;  // 0: score the prompt alone
+  if (max_tokens < least)
+    throw std::invalid_argument("max_tokens must be at least " + std::to_string(least) + ", got " +
+                                std::to_string(max_tokens) + (least ? " (0 only with prompt_logprobs)" : ""));
+  if (req.n < 1 || req.n > cfg_.max_num_seqs)
+    throw std::invalid_argument("n must be in [1, max_num_seqs = " + std::to_string(cfg_.max_num_seqs) + "], got " +
+                                std::to_string(req.n));
+}
+
+void Engine::check_size(const Request& req) const {
+  const int n_prompt = (int)req.prompt.size(), max_tokens = req.stop.max_tokens;
+  const std::string np = std::to_string(n_prompt), mt = std::to_string(max_tokens);
+  const int64_t total = (int64_t)n_prompt + max_tokens;
+  if (total > cfg_.n_ctx)
+    throw std::invalid_argument("prompt (" + np + " tokens)" + (max_tokens ? " + max_tokens (" + mt + ")" : "") +
+                                " exceeds the context length " + std::to_string(cfg_.n_ctx));
+  // The prompt's full blocks are shared; each sample holds the rest (its copy of a partial last block too).
+  // A prefill-only request never forks.
+  const int n = max_tokens == 0 ? 1 : req.n;
+  const int shared = n_prompt / cfg_.block_size;
+  const int64_t need = shared + (int64_t)n * (scheduler_->blocks_needed((int)total) - shared);
+  if (need <= cfg_.num_kv_blocks) return;
+  const std::string times = n > 1 ? std::to_string(n) + " × " : std::string();
+  const std::string what = max_tokens ? "prompt + " + times + "max_tokens (" + np + " + " + times + mt + " tokens)"
+                                      : "prompt (" + np + " tokens)";
+  throw std::invalid_argument(what + " exceeds the KV cache (" +
+                              std::to_string((int64_t)cfg_.num_kv_blocks * cfg_.block_size) + " tokens)");
 }
 
 void Engine::add(Request req) {
@@ -87,7 +138,9 @@ void Engine::add(Request req) {
   const HParams& hp = model_->hparams();
   const int n_prompt = (int)req.prompt.size();
   auto seq = std::make_unique<Sequence>();
-  if (req.n == 1) {
+  if (req.pooling != Pooling::NONE) {
+    // an embedding draws nothing: no sampler
+  } else if (req.n == 1) {
     seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
     seq->sampler->set_prompt(req.prompt);
   } else {
@@ -103,6 +156,11 @@ void Engine::add(Request req) {
   seq->n_prompt = n_prompt;
   seq->tokens = std::move(req.prompt);
   seq->stop = std::move(req.stop);
+  seq->pooling = req.pooling;
+  seq->normalize = req.normalize;
+  seq->prompt_logprobs = req.prompt_logprobs;
+  if (req.prompt_logprobs >= 0) seq->prompt_lp = std::make_shared<std::vector<SampleResult>>();
+  seq->n_recorded = seq->record_begin();
   std::lock_guard<std::mutex> lk(mu_);
   if (live_ids_.count(seq->id)) throw std::invalid_argument("duplicate request id '" + seq->id + "'");
   live_ids_[seq->id] = 1;
@@ -137,15 +195,8 @@ void Engine::abort_now(const std::string& id, int index, const std::string& reas
   for (auto& s : it->second) live.push_back(s.get());
   for (Sequence* seq : live) {
     auto emit = [&](int idx) {
-      StepOutput o;
-      o.id = id;
-      o.finish_reason = reason;
-      o.n_prompt = seq->n_prompt;
-      o.index = idx;
-      o.scheduled_ts = seq->first_scheduled;
-      o.n_cached = std::max(0, seq->n_cached);
-      o.step_ts = monotonic_now();
-      out.push_back(std::move(o));
+      out.push_back(output_of(*seq, idx, monotonic_now()));
+      out.back().finish_reason = reason;
     };
     if (!seq->pending_samples.empty()) {  // not forked yet: it stands for these samples
       std::vector<int>& p = seq->pending_samples;
@@ -218,17 +269,9 @@ std::vector<StepOutput> Engine::step() {
   for (const ScheduledSeq& s : sched.seqs)
     if (s.seq->first_scheduled == 0.0) s.seq->first_scheduled = t_sched;
   for (const BlockCopy& c : sched.copies) kv_->copy_block(c.first, c.second);
-  batch_.clear();
-  for (const ScheduledSeq& s : sched.seqs) {
-    for (int i = 0; i < s.n_tokens; i++) {
-      int p = s.seq->n_computed + i;
-      batch_.tokens.push_back(s.seq->tokens[p]);
-      batch_.pos.push_back(p);
-      batch_.tables.push_back(&s.seq->blocks.blocks);
-    }
-    if (s.sample) batch_.logit_rows.push_back((int32_t)batch_.size() - 1);
-  }
-  model_->forward(batch_, *kv_, *pool_, logits_);
+  build_batch(sched);
+  model_->forward(batch_, *kv_, *pool_, logits_, &hidden_);
+  record_rows(sched);
   steps_++;
   tokens_computed_ += batch_.size();
   const int V = model_->hparams().n_vocab;
@@ -239,11 +282,94 @@ std::vector<StepOutput> Engine::step() {
     Sequence* seq = s.seq;
     scheduler_->computed(seq, s.n_tokens);
     if (!s.sample) continue;
+    if (seq->prefill_only()) {
+      end_prefill(seq, t_step, out);
+      continue;
+    }
     const float* logits = logits_.data() + (row++) * V;
     // An n > 1 request's prompt is computed: every sample draws its first token from these logits.
     std::vector<Sequence*> drawers = seq->pending_samples.empty() ? std::vector<Sequence*>{seq} : fork(seq);
     for (Sequence* d : drawers) draws.emplace_back(d, logits);
   }
+  sample_draws(draws, t_step, out);
+  snapshot_stats();
+  return out;
+}
+
+void Engine::build_batch(const Schedule& sched) {
+  batch_.clear();
+  for (const ScheduledSeq& s : sched.seqs) {
+    Sequence* seq = s.seq;
+    const int base = (int)batch_.size() - seq->n_computed;  // the batch row of position p: base + p
+    for (int i = 0; i < s.n_tokens; i++) {
+      int p = seq->n_computed + i;
+      batch_.tokens.push_back(seq->tokens[p]);
+      batch_.pos.push_back(p);
+      batch_.tables.push_back(&seq->blocks.blocks);
+    }
+    const auto [first, end] = seq->rows_to_record(s.n_tokens);
+    for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);
+    if (s.sample && !seq->prefill_only()) batch_.logit_rows.push_back((int32_t)batch_.size() - 1);
+  }
+}
+
+// Before scheduler_->computed: rows_to_record reads n_computed as build_batch did.
+void Engine::record_rows(const Schedule& sched) {
+  const int E = model_->hparams().n_embd;
+  size_t row = 0;
+  for (const ScheduledSeq& s : sched.seqs) {
+    Sequence* seq = s.seq;
+    const auto [first, end] = seq->rows_to_record(s.n_tokens);
+    if (first >= end) continue;
+    const float* h = hidden_.data() + row * E;
+    row += end - first;
+    seq->n_recorded = end;
+    if (seq->prompt_logprobs >= 0) {
+      score_rows(seq, h, first, end);
+    } else if (seq->pooling == Pooling::LAST) {  // its one row, n_prompt - 1
+      seq->pooled.assign(h, h + E);
+    } else {  // MEAN: summed in position order, whatever the chunks, so chunking cannot change the sum
+      seq->pooled.resize(E, 0.0);
+      for (int r = 0; r < end - first; r++)
+        for (int i = 0; i < E; i++) seq->pooled[i] += h[(size_t)r * E + i];
+    }
+  }
+}
+
+// Prompt rows [first, end) of seq (their final-norm states at `hidden`): each row's logits score the next
+// prompt token. Projected kScoreRows at a time, the rows of a slice scored in parallel.
+void Engine::score_rows(Sequence* seq, const float* hidden, int first, int end) {
+  const int E = model_->hparams().n_embd, V = model_->hparams().n_vocab, k = seq->prompt_logprobs;
+  std::vector<SampleResult>& lp = *seq->prompt_lp;  // lp[p] scores token p + 1; holds rows < first already
+  score_scratch_.resize(pool_->size());
+  for (int p0 = first; p0 < end; p0 += kScoreRows) {
+    const int n = std::min(kScoreRows, end - p0);
+    model_->project(*pool_, hidden + (size_t)(p0 - first) * E, n, score_logits_);
+    lp.resize(p0 + n);
+    pool_->run([&](int ith, int nth) {
+      const auto [b, e] = ThreadPool::share(n, ith, nth);
+      for (int64_t i = b; i < e; i++)
+        lp[p0 + i] = score_token(&score_logits_[(size_t)i * V], V, seq->tokens[p0 + i + 1], k, score_scratch_[ith]);
+    });
+  }
+}
+
+// A prefill-only request whose prompt is computed: one final output per sample still pending, then its end.
+void Engine::end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& out) {
+  const std::vector<int> idx = seq->pending_samples.empty() ? std::vector<int>{seq->index} : seq->pending_samples;
+  const size_t first = out.size();
+  const std::string reason = seq->pooling != Pooling::NONE ? "stop" : "length";
+  for (int i : idx) {
+    out.push_back(output_of(*seq, i, t_step));
+    out.back().finish_reason = reason;
+  }
+  if (seq->pooling != Pooling::NONE) out[first].embedding = pooled_vector(*seq);
+  out[first].prompt_logprobs = std::move(seq->prompt_lp);
+  finish(seq);
+}
+
+void Engine::sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step,
+                          std::vector<StepOutput>& out) {
   // Each sample owns its sampler (state, RNG): the draws are independent and run on the pool.
   std::vector<SampleResult> results(draws.size());
   pool_->parallel_for((int64_t)draws.size(), [&](int64_t i) { results[i] = draws[i].first->sampler->sample(draws[i].second); },
@@ -252,14 +378,15 @@ std::vector<StepOutput> Engine::step() {
     Sequence* d = draws[i].first;
     SampleResult& r = results[i];
     d->tokens.push_back(r.token);
-    StepOutput o{d->id, r.token, r.logprob, std::move(r.top), "", d->n_prompt, d->index, d->first_scheduled, t_step,
-                 std::max(0, d->n_cached)};
+    StepOutput o = output_of(*d, d->index, t_step);
+    o.token = r.token;
+    o.logprob = r.logprob;
+    o.top = std::move(r.top);
+    o.prompt_logprobs = std::move(d->prompt_lp);  // the request's first draw: a fork's siblings hold none
     check_stop(d, o);
     if (!o.finish_reason.empty()) finish(d);
     out.push_back(std::move(o));
   }
-  snapshot_stats();
-  return out;
 }
 
 std::vector<StepOutput> Engine::fail_all(const std::string& what) {

@@ -37,6 +37,13 @@ struct Request {
   SamplingConfig sampling;
   StopConfig stop;
   int n = 1;  // samples of the prompt: prefilled once, then forked (the prompt's blocks shared, copy on write)
+  // >= 0: score the prompt too, this many alternatives per position (raw logprobs, as `logprobs`); then
+  // max_tokens may be 0 (the prompt alone: prefill only, nothing drawn)
+  int prompt_logprobs = -1;
+  // An embedding request (pooling != NONE; n 1, max_tokens 0, no prompt_logprobs): prefill only, its one
+  // output carries the pooled final-norm state, L2-normalised when `normalize`.
+  Pooling pooling = Pooling::NONE;
+  bool normalize = true;
 };
 
 struct StepOutput {
@@ -52,6 +59,10 @@ struct StepOutput {
   double scheduled_ts = 0.0;
   double step_ts = 0.0;
   int n_cached = 0;                                // prompt tokens served from the prefix cache
+  std::vector<float> embedding;                    // an embedding request's output: the pooled vector [n_embd]
+  // On a request's first output (one per request, not per sample): the prompt's positions 1 … n_prompt - 1,
+  // each the prompt token's logprob and its top alternatives (SampleResult's fields)
+  std::shared_ptr<const std::vector<SampleResult>> prompt_logprobs;
 };
 
 struct EngineStats {
@@ -74,9 +85,10 @@ class Engine {
   std::vector<int32_t> eos_ids() const { return eos_ids_; }
   void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 
-  // Every rule a request must pass: a non-empty prompt of ids in the vocabulary, max_tokens >= 1, n in
-  // [1, max_num_seqs], prompt + max_tokens within n_ctx, prompt + n × max_tokens within the KV pool, the
-  // sampling parameters (check_sampling), stop_token_ids in the vocabulary. Throws std::invalid_argument
+  // Every rule a request must pass: a non-empty prompt of ids in the vocabulary, max_tokens >= 1 (>= 0 with
+  // prompt_logprobs; 0 for an embedding), n in [1, max_num_seqs] (1 for an embedding), prompt_logprobs <=
+  // n_vocab (none for an embedding), prompt + max_tokens within n_ctx, prompt + n × max_tokens within the KV
+  // pool, the sampling parameters (check_sampling), stop_token_ids in the vocabulary. Throws std::invalid_argument
   // whose message starts with the field's name ("prompt: token id 300000 is outside the vocabulary …").
   // Thread-safe (reads only what is fixed at construction); queues nothing.
   void check(const Request& req) const;
@@ -102,6 +114,13 @@ class Engine {
   void abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out);
   std::vector<Sequence*> fork(Sequence* parent);  // parent + its new siblings, one per pending sample
   void check_stop(Sequence* seq, StepOutput& o);
+  void check_kind(const Request& req) const;  // the rules that differ between generation, scoring, embedding
+  void check_size(const Request& req) const;  // context length and KV pool
+  void build_batch(const Schedule& sched);
+  void record_rows(const Schedule& sched);    // what the prompt rows of this forward give (embeddings, scores)
+  void score_rows(Sequence* seq, const float* hidden, int first, int end);
+  void end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& out);
+  void sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step, std::vector<StepOutput>& out);
   void finish(Sequence* seq);
   void snapshot_stats();
 
@@ -124,6 +143,9 @@ class Engine {
 
   Batch batch_;
   std::vector<float> logits_;
+  std::vector<float> hidden_;                  // [batch_.hidden_rows × n_embd] of the last forward
+  std::vector<float> score_logits_;            // [≤ kScoreRows × n_vocab]: prompt rows' logits, a slice at a time
+  std::vector<ScoreScratch> score_scratch_;    // per thread
   uint64_t steps_ = 0, tokens_computed_ = 0;
 };
 

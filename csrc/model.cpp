@@ -278,7 +278,8 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   }, INLINE_ROWS);
 }
 
-void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits) {
+void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
+                    std::vector<float>* hidden) {
   const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim;
   if (T == 0) return;
   grow(x_, (size_t)T * E);
@@ -308,12 +309,22 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
   }, INLINE_ROWS);
   for (int il = 0; il < hp_.n_layer; il++) layer(il, b, kv, pool);
 
-  const int R = (int)b.logit_rows.size();
-  grow(final_, (size_t)R * E);
-  for (int r = 0; r < R; r++) rmsnorm(&x_[(size_t)b.logit_rows[r] * E], output_norm_.data(), &final_[(size_t)r * E], E, hp_.eps);
+  final_norm(b.logit_rows, final_);
+  project(pool, final_.data(), (int)b.logit_rows.size(), logits);
+  if (hidden) final_norm(b.hidden_rows, *hidden);
+}
+
+void Model::final_norm(const std::vector<int32_t>& rows, std::vector<float>& out) const {
+  const int E = hp_.n_embd;
+  grow(out, rows.size() * E);
+  for (size_t r = 0; r < rows.size(); r++)
+    rmsnorm(&x_[(size_t)rows[r] * E], output_norm_.data(), &out[r * E], E, hp_.eps);
+}
+
+void Model::project(ThreadPool& pool, const float* hidden, int R, std::vector<float>& logits) {
   logits.resize((size_t)R * hp_.n_vocab);
   act_invalidate(act_);
-  matmul(pool, output_, final_.data(), R, logits.data(), act_);
+  matmul(pool, output_, hidden, R, logits.data(), act_);
 }
 
 }  // namespace pyserve

@@ -71,8 +71,9 @@ struct Batch {
   std::vector<int32_t> pos;                           // [T] position of each token in its sequence
   std::vector<const std::vector<int32_t>*> tables;    // [T] block table of each token's sequence
   std::vector<int32_t> logit_rows;                    // rows of [0, T) whose logits are wanted, in order
+  std::vector<int32_t> hidden_rows;                   // rows whose final-norm hidden state is wanted, in order
   size_t size() const { return tokens.size(); }
-  void clear() { tokens.clear(); pos.clear(); tables.clear(); logit_rows.clear(); }
+  void clear() { tokens.clear(); pos.clear(); tables.clear(); logit_rows.clear(); hidden_rows.clear(); }
 };
 
 class Model {
@@ -85,9 +86,14 @@ class Model {
   const GGUFFile& file() const { return *file_; }
 
   // Runs the batch: writes K/V of every token into `kv` through its table (blocks must be allocated),
-  // then fills logits[logit_rows.size() × n_vocab]. Every token id must be in the vocabulary: the engine
-  // checks them before (Engine::check for requests, prompt_logits for its tokens).
-  void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits);
+  // then fills logits[logit_rows.size() × n_vocab] and, when given, hidden[hidden_rows.size() × n_embd]
+  // (the final-norm states: the output projection's input). Every token id must be in the vocabulary: the
+  // engine checks them before (Engine::check for requests, prompt_logits for its tokens).
+  void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
+               std::vector<float>* hidden = nullptr);
+  // The output projection of R final-norm states hidden[R × n_embd] into logits[R × n_vocab]: the same bits
+  // as forward's logits of those rows (the matmul is batch-invariant). Call between forwards.
+  void project(ThreadPool& pool, const float* hidden, int R, std::vector<float>& logits);
 
  private:
   void load_hparams();
@@ -99,6 +105,7 @@ class Model {
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
   void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);
   void layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool);
+  void final_norm(const std::vector<int32_t>& rows, std::vector<float>& out) const;  // out[rows × n_embd]
 
   std::shared_ptr<const GGUFFile> file_;
   const ArchSpec* spec_ = nullptr;

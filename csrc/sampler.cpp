@@ -593,12 +593,28 @@ int32_t Sampler::draw(const float* w, const Cut& cut, float w_min) {
   return argmax(w, n).id;  // unreachable: the top weight is always kept
 }
 
-void Sampler::fill_logprobs(const float* logits, float lse, SampleResult& r) {
+namespace {
+
+void raw_logprobs(const float* logits, int n_vocab, float lse, int k, SampleResult& r, std::vector<int32_t>& ids,
+                  std::vector<float>& scratch) {
   r.logprob = logits[r.token] - lse;
-  if (cfg_.logprobs <= 0) return;
-  top_ids(logits, n_vocab_, cfg_.logprobs, cand_, scratch_);
-  r.top.reserve(cand_.size());
-  for (int32_t id : cand_) r.top.emplace_back(id, logits[id] - lse);
+  if (k <= 0) return;
+  top_ids(logits, n_vocab, k, ids, scratch);
+  r.top.reserve(ids.size());
+  for (int32_t id : ids) r.top.emplace_back(id, logits[id] - lse);
+}
+
+}  // namespace
+
+void Sampler::fill_logprobs(const float* logits, float lse, SampleResult& r) {
+  raw_logprobs(logits, n_vocab_, lse, cfg_.logprobs, r, cand_, scratch_);
+}
+
+SampleResult score_token(const float* logits, int n_vocab, int32_t token, int k, ScoreScratch& s) {
+  SampleResult r;
+  r.token = token;
+  raw_logprobs(logits, n_vocab, logsumexp(logits, n_vocab), k, r, s.ids, s.values);
+  return r;
 }
 
 }  // namespace pyserve

@@ -106,4 +106,14 @@ void check_token_id(const char* field, int64_t id, int n_vocab);
 // Log-softmax helpers, exposed for tests: logsumexp of logits[n].
 float logsumexp(const float* logits, int n);
 
+// Buffers for score_token, reused across calls (one per thread).
+struct ScoreScratch {
+  std::vector<int32_t> ids;
+  std::vector<float> values;
+};
+// `token`'s raw log-probability under logits[n_vocab] and the k best (id, logprob), best first: what
+// Sampler::sample reports when it draws that token, bit for bit (the same log-sum-exp: at temperature 1 the
+// sampler reuses its draw's sum, which is the same sum_exp of the same row).
+SampleResult score_token(const float* logits, int n_vocab, int32_t token, int k, ScoreScratch& s);
+
 }  // namespace pyserve

@@ -68,12 +68,17 @@ Schedule Scheduler::schedule() {
   for (const Sequence* s : running_) used += seats(s);
   while (!preempted && !waiting_.empty() && budget > 0 && used + seats(waiting_.front()) <= cfg_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    std::vector<int32_t> prefix = blocks_.lookup(seq->tokens);
+    // A hit stops short of the rows the sequence must record; one that must record its first row (mean
+    // pooling, prompt logprobs) skips the lookup, and is no prefix-cache query (as vLLM counts them).
+    const int cacheable = seq->cacheable();
+    std::vector<int32_t> prefix;
+    if (cacheable > 0) prefix = blocks_.lookup(seq->tokens);
+    prefix.resize(std::min<size_t>(prefix.size(), cacheable / cfg_.block_size));
     int hit = (int)prefix.size() * cfg_.block_size;
     int n = std::min((int)seq->tokens.size() - hit, budget);
     if (!blocks_.can_allocate(prefix, hit + n)) break;
     waiting_.pop_front();
-    blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n);
+    blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, cacheable > 0);
     seq->n_computed = hit;
     if (seq->n_cached < 0) seq->n_cached = hit;  // what the request's prompt got, not a later re-admission's
     seq->status = SeqStatus::RUNNING;

@@ -1,7 +1,8 @@
 // scheduler: continuous batching. Each step takes running sequences first (oldest first), then admits
 // waiting ones, under a token budget and a sequence cap; a long prompt is cut into chunks that fit the
 // budget. An admitted sequence reuses the longest cached prefix of its tokens (its computed count starts at
-// the hit). When KV blocks run out, the most recently admitted running sequence is preempted: its blocks are
+// the hit), short of any prompt row it has still to record (Sequence::cacheable: mean-pooled embeddings and
+// prompt logprobs compute their rows). When KV blocks run out, the most recently admitted running sequence is preempted: its blocks are
 // released (full computed ones stay cached) and it waits again, to be recomputed from its tokens.
 //
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.

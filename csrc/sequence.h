@@ -4,9 +4,11 @@
 // (those whose K/V sit in the cache) catch up with its total tokens (prompt + generated).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "block_manager.h"
@@ -15,6 +17,10 @@
 namespace pyserve {
 
 enum class SeqStatus { WAITING, RUNNING, FINISHED };
+
+// An embedding request's pooling of the final-norm hidden states (the output projection's input) of its
+// prompt: the last row (vLLM's default for decoder models) or the mean of every row.
+enum class Pooling { NONE, LAST, MEAN };
 
 struct StopConfig {
   int max_tokens = 16;                 // generated tokens at most
@@ -39,9 +45,30 @@ struct Sequence {
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
   int n_cached = -1;                 // prompt tokens found in the prefix cache at first admission (-1: not yet)
   double first_scheduled = 0.0;      // monotonic seconds of the step that first scheduled it (0: not yet)
+  // What a request may ask of its prompt rows, each recorded once (a recomputation after preemption skips
+  // the rows already in): an embedding (pooling; prefill only, nothing drawn) or prompt logprobs.
+  Pooling pooling = Pooling::NONE;
+  bool normalize = true;             // L2-normalise the pooled vector
+  std::vector<double> pooled;        // [n_embd]: the last prompt row, or the sum of every prompt row (mean)
+  int prompt_logprobs = -1;          // alternatives per prompt position (< 0: none)
+  std::shared_ptr<std::vector<SampleResult>> prompt_lp;  // positions 1, 2, … as recorded; to the first output
+  int n_recorded = 0;                // rows [record_begin(), n_recorded) are recorded
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }
   int n_pending() const { return (int)tokens.size() - n_computed; }
+  bool prefill_only() const { return pooling != Pooling::NONE || stop.max_tokens == 0; }
+  // Prompt rows [record_begin(), record_end()) whose output is recorded: row p's logits score token p + 1.
+  int record_begin() const { return pooling == Pooling::LAST ? n_prompt - 1 : 0; }
+  int record_end() const {
+    return pooling != Pooling::NONE ? n_prompt : prompt_logprobs >= 0 ? n_prompt - 1 : 0;
+  }
+  // The rows to record when the next n tokens are computed: [first, second), empty when first >= second.
+  std::pair<int, int> rows_to_record(int n) const {
+    return {std::max(n_computed, n_recorded), std::min(n_computed + n, record_end())};
+  }
+  // Leading tokens a prefix-cache hit may skip: none whose row is still to be recorded (the last prompt row,
+  // LAST pooling's, is never a hit: lookup leaves the last token's block out).
+  int cacheable() const { return n_recorded < record_end() ? n_recorded : (int)tokens.size(); }
 
   // A sibling sample after the prompt: same request, tokens and stop config; no blocks or sampler yet
   // (the caller forks the block table and gives it its own sampler).

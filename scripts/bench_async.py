@@ -70,7 +70,7 @@ class FakeLoop:
     def _signal(self):
         os.eventfd_write(self.fd, 1)
 
-    def add(self, eid, ids, sampling, max_tokens, ignore_eos, stop_ids):
+    def add(self, eid, ids, sampling, max_tokens, ignore_eos, stop_ids, **_kw):
         self.live[eid] = [self.token_streams[self.n % len(self.token_streams)], 0, max_tokens, len(ids)]
         self.n += 1
         self._signal()
@@ -90,7 +90,8 @@ class FakeLoop:
             toks, pos, max_tokens, n_prompt = st
             st[1] = pos + 1
             done = pos + 1 >= max_tokens
-            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now, 0))
+            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now, 0,
+                        None, None))
             if done:
                 del self.live[eid]
         if self.live:

@@ -37,7 +37,7 @@ def run_to_end(engine, reqs: dict) -> tuple[float, float, int]:
     tokens = 0
     live = set(reqs)
     while live:
-        for rid, tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached in engine.step():
+        for rid, tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached, _emb, _plp in engine.step():
             if tok >= 0:
                 tokens += 1
                 first = first or time.perf_counter()
@@ -86,7 +86,7 @@ def decode_phase_rate(engine, reqs: set) -> float:
     while live:
         outs = engine.step()
         now = time.perf_counter()
-        for rid, tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached in outs:
+        for rid, tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached, _emb, _plp in outs:
             if t_all is not None and tok >= 0:
                 tokens += 1
             started.add(rid)

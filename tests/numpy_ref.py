@@ -2,7 +2,8 @@
 
 ``ref_logits(path_or_reader, token_ids, rows=None)`` runs one sequence, starting at position 0, through
 the whole model with full causal attention (no KV cache) and returns the logits of every position (or
-of the positions in ``rows``) as float32 ``[len(rows), n_vocab]``.
+of the positions in ``rows``) as float32 ``[len(rows), n_vocab]``. ``ref_hidden`` stops before the output
+projection: the final-norm hidden states ``[len(rows), n_embd]`` (what an embedding pools), in ``dtype``.
 
 Weights are dequantized with ``gguf.quants.dequantize`` (the exact values stored in the file) and kept
 as float32; the activations are computed in float64 by default, so this is the exact result of the
@@ -199,6 +200,16 @@ class RefModel:
         self._cache[name] = w
         return w
 
+    def embedding_rows(self, toks: np.ndarray) -> np.ndarray:
+        """Rows ``toks`` of token_embd [len(toks), n_embd], dequantized alone unless the whole matrix already
+        is (the file's rows are whole quant blocks: gguf-py's data is [n_vocab, row bytes])."""
+        w = self._cache.get("token_embd.weight")
+        if w is not None:
+            return w[toks]
+        t = self.tensors["token_embd.weight"]
+        rows = np.asarray(dequantize(t.data[toks], GGMLQuantizationType(t.tensor_type)), dtype=np.float32)
+        return rows.reshape(len(toks), self.hp.n_embd)
+
     def output_weight(self) -> np.ndarray:
         w = self.weight("output.weight", optional=True)
         return w if w is not None else self.weight("token_embd.weight")
@@ -208,6 +219,11 @@ class RefModel:
                emulate_seed: int | None = None) -> np.ndarray:
         """See ref_logits."""
         return _forward(self, token_ids, rows, dtype, trace, emulate_ggml, emulate_seed)
+
+    def hidden(self, token_ids: Sequence[int], rows: Iterable[int] | None = None, dtype=np.float64,
+               emulate_ggml: Any = False, emulate_seed: int | None = None) -> np.ndarray:
+        """See ref_hidden."""
+        return _forward(self, token_ids, rows, dtype, None, emulate_ggml, emulate_seed, hidden_only=True)
 
 
 _MODEL_CACHE: "OrderedDict[Any, RefModel]" = OrderedDict()
@@ -257,6 +273,13 @@ def ref_logits(path_or_reader: Any, token_ids: Sequence[int], rows: Iterable[int
     implementation.
     """
     return load_model(path_or_reader).logits(token_ids, rows, dtype, trace, emulate_ggml, emulate_seed)
+
+
+def ref_hidden(path_or_reader: Any, token_ids: Sequence[int], rows: Iterable[int] | None = None,
+               dtype=np.float64, emulate_ggml: Any = False, emulate_seed: int | None = None) -> np.ndarray:
+    """The final-norm hidden states [len(rows), n_embd] (in ``dtype``) of one sequence starting at position 0:
+    the output projection's input, which an embedding pools. rows: default all; emulate_*: as ref_logits."""
+    return load_model(path_or_reader).hidden(token_ids, rows, dtype, emulate_ggml, emulate_seed)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -412,7 +435,8 @@ def _emulation_flags(e) -> set:
 # --------------------------------------------------------------------------------------------------
 
 def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, dtype,
-             trace: dict | None, emulate_ggml: Any = False, emulate_seed: int | None = None) -> np.ndarray:
+             trace: dict | None, emulate_ggml: Any = False, emulate_seed: int | None = None,
+             hidden_only: bool = False) -> np.ndarray:
     hp = m.hp
     toks = np.asarray(list(token_ids), dtype=np.int64)
     T = len(toks)
@@ -445,7 +469,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         h = qact(h, name + ".weight")
         return linear(h, m.weight(name + ".weight"), m.weight(name + ".bias", optional=True))
 
-    x = m.weight("token_embd.weight")[toks].astype(dtype)
+    x = m.embedding_rows(toks).astype(dtype)
     if is_gemma:
         x = x * math.sqrt(hp.n_embd)
     tr("inp", x)
@@ -495,6 +519,8 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
 
     x = rms_norm(x[rows_idx], m.weight("output_norm.weight"), hp.eps)
     tr("result_norm", x)
+    if hidden_only:
+        return x
 
     # logits = x @ W_out^T, in chunks of the vocabulary (the embedding can be 262144 x 640)
     W = m.output_weight()
@@ -510,6 +536,6 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
 
 
 __all__ = [
-    "HParams", "RefModel", "read_hparams", "load_model", "ref_logits", "log_softmax", "rms_norm",
+    "HParams", "RefModel", "read_hparams", "load_model", "ref_logits", "ref_hidden", "log_softmax", "rms_norm",
     "rope", "attention", "attention_mask", "gelu_tanh", "silu", "ROPE_NORM", "ROPE_NEOX",
 ]

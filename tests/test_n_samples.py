@@ -17,7 +17,7 @@ def run(eng, rid, prompt, max_tokens, sampling, n, watch=None):
     outs = {i: ([], []) for i in range(n)}
     done = set()
     while len(done) < n:
-        for r, tok, lp, _top, reason, n_prompt, idx, _sched, _ts, _cached in eng.step():
+        for r, tok, lp, _top, reason, n_prompt, idx, _sched, _ts, _cached, _emb, _plp in eng.step():
             assert r == rid and n_prompt == len(prompt) and idx not in done
             if tok >= 0:
                 outs[idx][0].append(tok), outs[idx][1].append(lp)
@@ -86,7 +86,7 @@ def test_abort_before_the_fork_and_of_one_sample(eng):
     assert (ends[0][0], ends[0][1], ends[0][4], ends[0][6]) == ("w", -1, "abort", 1)
     got, outs = {}, ends[1:]  # the prompt may be cached already: then the samples drew in that step too
     while True:
-        for _r, tok, _lp, _top, _reason, _n, idx, _sched, _ts, _cached in outs:
+        for _r, tok, _lp, _top, _reason, _n, idx, _sched, _ts, _cached, _emb, _plp in outs:
             got.setdefault(idx, []).append(tok)
             if idx == 2 and len(got[2]) == 3:
                 eng.abort("w", 2)

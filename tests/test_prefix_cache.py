@@ -21,7 +21,7 @@ def run(eng, rid, prompt, max_tokens, sampling=GREEDY):
     ttft = None
     toks, lps, tops = [], [], []
     while True:
-        for r, tok, lp, top, reason, _n, _i, _sched, _ts, _cached in eng.step():
+        for r, tok, lp, top, reason, _n, _i, _sched, _ts, _cached, _emb, _plp in eng.step():
             assert r == rid
             if tok >= 0:
                 ttft = ttft or time.perf_counter() - t0

@@ -38,6 +38,11 @@ def bad_requests(V):
         ([2, 3], {"logprobs": V + 1}, 4, {}, rf"logprobs must be <= n_vocab \({V}\)"),
         ([2, 3], {}, 4, {"stop_token_ids": [1, V]}, "stop_token_ids: " + oov),
         ([2, 3], {}, 4, {"stop_token_ids": [-5]}, "stop_token_ids: token id -5 is outside"),
+        ([2, 3], {}, 4, {"prompt_logprobs": V + 1}, rf"prompt_logprobs must be <= n_vocab \({V}\)"),
+        ([2, 3], {}, 4, {"prompt_logprobs": -1}, "prompt_logprobs must be >= 0 or None"),
+        ([2, 3], {}, -1, {"prompt_logprobs": 0}, "max_tokens must be at least 0, got -1"),
+        ([2] * 41, {}, 0, {"prompt_logprobs": 0}, r"prompt \(41 tokens\) exceeds the KV cache \(40 tokens\)"),
+        ([2] * 65, {}, 0, {"prompt_logprobs": 0}, r"prompt \(65 tokens\) exceeds the context length 64"),
     ]
 
 
@@ -62,7 +67,7 @@ def test_check_request_raises_what_add_raises_and_queues_nothing(tiny):
         # the field's name comes first: callers name OpenAI's `param` after it
         assert str(checked.value).split(" ", 1)[0].rstrip(":") in {"prompt", "max_tokens", "n", "temperature",
                                                                     "top_p", "logit_bias", "logprobs",
-                                                                    "stop_token_ids"}
+                                                                    "stop_token_ids", "prompt_logprobs"}
         assert queue_state(tiny) == before
 
 
@@ -74,6 +79,10 @@ def test_a_valid_request_passes_the_check_and_is_not_queued(tiny):
     tiny.add("ok", [2] * 6, {"temperature": 0.0}, 4, True, n=4)
     while tiny.has_work():
         tiny.step()
+    assert queue_state(tiny) == before
+    # scoring the prompt alone: max_tokens 0 with prompt_logprobs; an embedding
+    tiny.check_request("ok", [2] * 40, {}, 0, prompt_logprobs=0, n=2)
+    tiny.check_embed([2] * 40, "mean", False)
     assert queue_state(tiny) == before
 
 

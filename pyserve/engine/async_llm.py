@@ -15,7 +15,11 @@ runs the same `finally`.)
 (the engine's copy-on-write fork); each sample has its own detokenizer and stop strings here, and its deltas
 carry `index`.
 
-Each `generate` call gets an engine-side id of its own (`<request_id>#<n>`), so a stale output of an
+`prompt_logprobs` (SamplingParams) are computed once per request, in its prefill, and reach the consumer on
+each sample's first StreamOutput. `embed` is an engine request too (prefill only, batched with generation):
+its one output carries the vector, handed to the awaiting caller through an `_EmbedWait`.
+
+Each `generate` or `embed` call gets an engine-side id of its own (`<request_id>#<n>`), so a stale output of an
 earlier request with the same user id (say, the "abort" after a stop-string match) can never reach a
 newer stream.
 """
@@ -26,6 +30,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
+import numpy as np
 import trio
 
 from .. import _engine
@@ -52,12 +57,15 @@ class StreamOutput:
     last_token_ts: float = 0.0
     cached_tokens: int = 0  # prompt tokens the prefix cache served
     index: int = 0  # the sample (0 … n-1)
+    # SamplingParams.prompt_logprobs set, on each sample's first output only: per prompt token, None for the
+    # first, else {prompt token: logprob, then its top alternatives} (the n samples share one list)
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
 
 class _Sample:
     """One sample's text state and its undelivered, merged delta."""
 
-    __slots__ = ("state", "pending", "texts", "closed", "first_token_ts", "last_token_ts")
+    __slots__ = ("state", "pending", "texts", "closed", "first_token_ts", "last_token_ts", "prompt_logprobs_sent")
 
     def __init__(self, state: RequestState):
         self.state = state
@@ -65,6 +73,7 @@ class _Sample:
         self.texts: list[str] = []  # text of deltas merged into `pending` after its own
         self.closed = False  # its final delta has been pushed
         self.first_token_ts = self.last_token_ts = 0.0
+        self.prompt_logprobs_sent = False
 
     def push(self, d: Delta) -> None:
         if d.finish_reason:
@@ -95,7 +104,8 @@ class RequestStream:
     At most one task waits on a stream (its generator's), so a bare park/unpark stands in for trio.Event:
     the hand-off is on every token's path."""
 
-    __slots__ = ("request_id", "samples", "ready", "open", "_waiter", "scheduled_ts", "cached_tokens")
+    __slots__ = ("request_id", "samples", "ready", "open", "_waiter", "scheduled_ts", "cached_tokens",
+                 "prompt_logprobs")
 
     def __init__(self, request_id: str, states: list[RequestState]):
         self.request_id = request_id
@@ -105,6 +115,7 @@ class RequestStream:
         self._waiter = None  # the task parked in get(), if any
         self.scheduled_ts = 0.0
         self.cached_tokens = 0
+        self.prompt_logprobs: Optional[list] = None  # from the engine's first output of the request
 
     @property
     def closed(self) -> bool:
@@ -142,6 +153,22 @@ class RequestStream:
         return [(i, self.samples[i].take()) for i in ready]
 
 
+class _EmbedWait:
+    """One embed() call's hand-off: the router sets the vector (or the reason it ended without one)."""
+
+    __slots__ = ("done", "vector", "reason")
+
+    def __init__(self):
+        self.done = trio.Event()
+        self.vector: Optional[np.ndarray] = None
+        self.reason = ""
+
+    def end(self, vector: Optional[np.ndarray], reason: str) -> None:
+        if not self.done.is_set():
+            self.vector, self.reason = vector, reason
+            self.done.set()
+
+
 class AsyncLLM:
     """Use `async with AsyncLLM.open(model=None, **engine_options) as engine:` — see LLM for the options."""
 
@@ -150,6 +177,7 @@ class AsyncLLM:
         self.tokenizer = llm.tokenizer
         self.loop = _engine.EngineLoop(llm.engine)
         self._streams: dict[str, RequestStream] = {}  # engine id → stream
+        self._embeds: dict[str, _EmbedWait] = {}       # engine id → an embed() call's wait
         self._active: dict[str, str] = {}             # user request id → engine id
         self._ids = itertools.count()
         self._closed = False
@@ -187,6 +215,8 @@ class AsyncLLM:
             for i, sample in enumerate(stream.samples):
                 if not sample.closed:
                     stream.push(i, Delta(finish_reason="abort"))  # wakes a consumer still waiting elsewhere
+        for wait in self._embeds.values():
+            wait.end(None, "abort")
         engine = self.llm.engine
 
         def stop_and_settle() -> None:
@@ -200,19 +230,20 @@ class AsyncLLM:
 
     def stats(self) -> dict:
         """The engine's counters (running, waiting, blocks_total, blocks_used, preemptions, steps,
-        tokens_computed) as of its last step, plus `streams`: generate() calls not yet finished here."""
+        tokens_computed) as of its last step, plus `streams`: generate() and embed() calls not yet finished here."""
         s = self.llm.engine.stats()
-        s["streams"] = len(self._streams)
+        s["streams"] = len(self._streams) + len(self._embeds)
         return s
 
     def abort(self, request_id: str) -> None:
-        """Aborts a request by its user id (thread-safe enqueue); its stream ends with finish_reason "abort"."""
+        """Aborts a request by its user id (thread-safe enqueue); its stream ends with finish_reason "abort" (an
+        embed() call raises RuntimeError)."""
         eid = self._active.get(request_id)
         if eid is not None:
             self.loop.abort(eid)
 
     def abort_all(self) -> None:
-        for eid in list(self._streams):
+        for eid in [*self._streams, *self._embeds]:
             self.loop.abort(eid)
 
     async def _route(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -225,13 +256,21 @@ class AsyncLLM:
                 self._deliver(*out)
 
     def _deliver(self, eid: str, token: int, logprob: float, top: list, reason: str, _n_prompt: int, index: int,
-                 scheduled_ts: float, step_ts: float, n_cached: int) -> None:
-        """One engine output into its stream: text made, stop strings applied, merged into the sample's delta."""
+                 scheduled_ts: float, step_ts: float, n_cached: int, embedding: Optional[np.ndarray],
+                 prompt_logprobs: Optional[list]) -> None:
+        """One engine output into its stream: text made, stop strings applied, merged into the sample's delta
+        (an embedding's: to its waiting embed() call)."""
+        wait = self._embeds.get(eid)
+        if wait is not None:
+            wait.end(embedding, reason)
+            return
         stream = self._streams.get(eid)
         if stream is None or stream.samples[index].closed:
             return  # a finished or abandoned stream; stale outputs after a stop-string abort
         stream.scheduled_ts = scheduled_ts
         stream.cached_tokens = n_cached
+        if prompt_logprobs is not None:
+            stream.prompt_logprobs = prompt_logprobs
         sample = stream.samples[index]
         if token >= 0:
             sample.first_token_ts = sample.first_token_ts or step_ts
@@ -257,7 +296,13 @@ class AsyncLLM:
         """Raises the ValueError `generate` would raise for this request (its message names the field first),
         queueing nothing: a server calls it before it answers 200."""
         self.loop.check_request("check", prompt_ids, params.engine_sampling(0), params.max_tokens,
-                                params.ignore_eos, list(params.stop_token_ids), n=params.n)
+                                params.ignore_eos, list(params.stop_token_ids), n=params.n,
+                                prompt_logprobs=params.prompt_logprobs)
+
+    def check_embed(self, prompt_ids: list[int], pooling: str = "last", normalize: bool = True) -> None:
+        """Raises the ValueError `embed` would raise (empty, too long, bad ids, pooling not 'last' / 'mean'),
+        queueing nothing."""
+        self.loop.check_embed(prompt_ids, pooling, normalize)
 
     async def generate(self, prompt: Union[str, list[int], dict], params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamOutput]:
@@ -266,16 +311,12 @@ class AsyncLLM:
         Raises ValueError on the first iteration, before anything is queued, for a request the engine refuses
         (too long, bad ids, bad parameters, a request id already streaming)."""
         params = params or SamplingParams()
-        if self._closed:
-            raise RuntimeError("the engine is closed")
+        rid, eid = self._new_id(request_id)
         ids = self.prompt_ids(prompt)
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self._active:
-            raise ValueError(f"duplicate request id {rid!r}")
-        eid = f"{rid}#{next(self._ids)}"
         stream = RequestStream(rid, [RequestState.for_params(self.tokenizer, ids, params) for _ in range(params.n)])
         self.loop.add(eid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                      list(params.stop_token_ids), n=params.n)  # validates: ValueError, nothing queued
+                      list(params.stop_token_ids), n=params.n,
+                      prompt_logprobs=params.prompt_logprobs)  # validates: ValueError, nothing queued
         self._streams[eid] = stream
         self._active[rid] = eid
         try:
@@ -294,5 +335,40 @@ class AsyncLLM:
     @staticmethod
     def _output(rid: str, ids: list[int], stream: RequestStream, index: int, d: Delta) -> StreamOutput:
         s = stream.samples[index]
+        plp = None
+        if stream.prompt_logprobs is not None and not s.prompt_logprobs_sent:
+            plp, s.prompt_logprobs_sent = stream.prompt_logprobs, True
         return StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
-                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index)
+                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index, plp)
+
+    def _new_id(self, request_id: Optional[str]) -> tuple[str, str]:
+        """(user id, engine id) of a new call; raises ValueError for a user id still live."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._active:
+            raise ValueError(f"duplicate request id {rid!r}")
+        return rid, f"{rid}#{next(self._ids)}"
+
+    async def embed(self, prompt: Union[str, list[int], dict], pooling: str = "last", normalize: bool = True,
+                    request_id: Optional[str] = None) -> np.ndarray:
+        """The prompt's embedding, float32 [n_embd]: its final-norm hidden state pooled over the prompt, "last"
+        (the last token's) or "mean" (of every token's), L2-normalised if `normalize`. One prefill-only engine
+        request, batched with whatever else runs. Raises ValueError before queueing for a refused request
+        (check_embed's rules, a request id still live); RuntimeError if the engine ends it first (abort(),
+        shutdown, an engine error). Cancelling the caller aborts the request and frees its blocks."""
+        rid, eid = self._new_id(request_id)
+        ids = self.prompt_ids(prompt)
+        self.loop.add_embed(eid, ids, pooling, normalize)  # validates: ValueError, nothing queued
+        wait = self._embeds[eid] = _EmbedWait()
+        self._active[rid] = eid
+        try:
+            await wait.done.wait()
+        finally:
+            del self._embeds[eid]
+            del self._active[rid]
+            if not wait.done.is_set():  # cancelled: no await here (see generate)
+                self.loop.abort(eid)
+        if wait.vector is None:
+            raise RuntimeError(f"embedding request {rid!r} ended: {wait.reason}")
+        return wait.vector

@@ -56,7 +56,9 @@ class LLM:
         live = {key: (out, state) for out, subs in outputs for key, state in subs}
         try:
             while live:
-                for rid, token, logprob, top, reason, _, idx, _sched, _ts, _cached in self.engine.step():
+                for rid, token, logprob, top, reason, _, idx, _sched, _ts, _cached, _emb, plp in self.engine.step():
+                    if plp is not None and (rid, idx) in live:
+                        live[rid, idx][0].prompt_logprobs = plp
                     self._apply(live, (rid, idx), token, logprob, top, reason)
         finally:
             for rid, idx in live:
@@ -65,12 +67,40 @@ class LLM:
                 self.engine.step()
         return [out for out, _ in outputs]
 
+    def embed(self, prompts: Union[PromptType, Iterable[PromptType]], pooling: str = "last",
+              normalize: bool = True) -> list[np.ndarray]:
+        """The embedding of every prompt (a string, or {"prompt_token_ids": [...]}), all batched together: its
+        final-norm hidden state (float32 [n_embd]) pooled over the prompt, "last" (the last token's) or "mean"
+        (of every token's), L2-normalised if `normalize`. Raises ValueError, queueing nothing, if any is refused."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        ids = [self._prompt_ids(p)[1] for p in prompts]
+        for i in ids:
+            self.engine.check_embed(i, pooling, normalize)
+        rids = [str(next(self._ids)) for _ in ids]
+        for rid, i in zip(rids, ids):
+            self.engine.add_embed(rid, i, pooling, normalize)
+        vectors: dict[str, np.ndarray] = {}
+        try:
+            while len(vectors) < len(rids):
+                for rid, _tok, _lp, _top, reason, _n, _idx, _sched, _ts, _cached, emb, _plp in self.engine.step():
+                    if reason != "stop":  # an abort (this engine is not shared while embed runs)
+                        raise RuntimeError(f"embedding request {rid} ended: {reason}")
+                    vectors[rid] = emb
+        finally:
+            for rid in rids:
+                if rid not in vectors:
+                    self.engine.abort(rid)
+            while self.engine.has_work():
+                self.engine.step()
+        return [vectors[rid] for rid in rids]
+
     def _add(self, prompt: PromptType, params: SamplingParams) -> tuple[RequestOutput, list]:
         text, ids = self._prompt_ids(prompt)
         out = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids, outputs=[])
         # One engine request for the n samples: the prompt is computed once, then forked (seed + i per sample).
         self.engine.add(out.request_id, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                        list(params.stop_token_ids), n=params.n)
+                        list(params.stop_token_ids), n=params.n, prompt_logprobs=params.prompt_logprobs)
         subs = []
         for i in range(params.n):
             out.outputs.append(CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None))

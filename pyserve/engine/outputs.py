@@ -22,3 +22,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = False
+    # SamplingParams.prompt_logprobs set: one entry per prompt token, None for the first (nothing precedes
+    # it), else {prompt token: logprob, then its top alternatives}; shared by the n samples
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None

@@ -24,6 +24,9 @@ class SamplingParams:
     max_tokens: int = 16
     min_tokens: int = 0  # EOS, stop ids and stop strings cannot end a sample before this many tokens
     logprobs: Optional[int] = None  # number of alternatives besides the chosen token
+    # Score the prompt too: per position, the prompt token's logprob and this many alternatives (vLLM's
+    # prompt_logprobs); then max_tokens may be 0 (the prompt alone)
+    prompt_logprobs: Optional[int] = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
 
@@ -40,6 +43,8 @@ class SamplingParams:
 
         checks = [
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"must be in [0, {MAX_LOGPROBS}]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
         ]
