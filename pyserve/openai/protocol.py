@@ -144,6 +144,7 @@ TopP = Annotated[Optional[float], Field(gt=0, le=1)]
 TopK = Annotated[Optional[int], Field(ge=-1)]
 MinP = Annotated[Optional[float], Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[Optional[float], Field(gt=0, le=2)]
+PromptLogprobs = Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)]  # vLLM's: alternatives per prompt token
 MinTokens = Annotated[Optional[int], Field(ge=0)]  # vLLM's: no end (EOS, stop ids or strings) before this
 Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (negative: as its 63-bit mask)
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
@@ -188,12 +189,17 @@ class _Sampling(_Model):
             seed=None if self.seed is None else self.seed & SEED_MASK, stop=self.stop_list(),
             stop_token_ids=list(self.stop_token_ids or ()), ignore_eos=bool(self.ignore_eos),
             max_tokens=max_tokens, min_tokens=self.min_tokens or 0, logprobs=self.logprobs_wanted(),
+            prompt_logprobs=self.prompt_logprobs_wanted(),
             logit_bias=_token_id_keys(self.logit_bias),
             skip_special_tokens=_or(self.skip_special_tokens, True))
 
     def logprobs_wanted(self) -> Optional[int]:
         """Alternatives per token (None: no logprobs)."""
         raise NotImplementedError
+
+    def prompt_logprobs_wanted(self) -> Optional[int]:
+        """Alternatives per prompt token (None: no prompt logprobs)."""
+        return self.prompt_logprobs
 
     def max_new_tokens(self) -> tuple[Optional[int], str]:
         """(the completion bound the client asked for or None, the field that carried it)."""
@@ -251,6 +257,7 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
     continue_final_message: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # False: no BOS beyond what the template writes
+    prompt_logprobs: PromptLogprobs = None
 
     @field_validator("tools", "functions")
     @classmethod
@@ -320,7 +327,7 @@ class CompletionRequest(_Sampling):
     frequency_penalty: Penalty = None
     logit_bias: Optional[dict[str, Any]] = None
     logprobs: Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)] = None
-    max_tokens: MaxTokens = None
+    max_tokens: Annotated[Optional[int], Field(ge=0)] = None  # 0: score the prompt alone (echo + logprobs)
     n: NChoices = None
     presence_penalty: Penalty = None
     seed: Seed = None
@@ -341,6 +348,7 @@ class CompletionRequest(_Sampling):
     stop_token_ids: StopTokenIds = None
     skip_special_tokens: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # vLLM's: False sends the prompt without a BOS
+    prompt_logprobs: PromptLogprobs = None
 
     @field_validator("suffix")
     @classmethod
@@ -351,8 +359,9 @@ class CompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _choices(self):
-        if self.echo and self.logprobs is not None:
-            raise unsupported("'echo' together with 'logprobs' (prompt logprobs)", "echo")
+        if self.max_tokens == 0 and self.prompt_logprobs_wanted() is None:
+            raise bad_request("'max_tokens' must be at least 1 (0 only scores the prompt: with 'echo' and "
+                              "'logprobs', or 'prompt_logprobs')", param="max_tokens")
         if len(self.prompts) * self.n_choices > MAX_CHOICES:
             raise bad_request(f"prompts x n is at most {MAX_CHOICES}, got {len(self.prompts) * self.n_choices}",
                               param="n")
@@ -368,6 +377,13 @@ class CompletionRequest(_Sampling):
 
     def logprobs_wanted(self) -> Optional[int]:
         return self.logprobs
+
+    def prompt_logprobs_wanted(self) -> Optional[int]:
+        """Alternatives per prompt token: vLLM's prompt_logprobs, or the echoed prompt's logprobs (what
+        lm-eval's log-likelihood requests ask: echo + logprobs)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
 
 class TemplateRequest(_Model):

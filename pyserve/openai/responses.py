@@ -59,11 +59,22 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's shape of one alternative at a prompt position."""
+    logprob: float
+    rank: Optional[int] = None  # 1 = the most likely (None: outside the reported top)
+    decoded_token: str
+
+
+PromptLogprobs = list[Optional[dict[str, PromptLogprob]]]  # per prompt token, None first; keys are token ids
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None  # vLLM's extra, when asked
 
 
 class CompletionResponse(BaseModel):
@@ -117,6 +128,7 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: Optional[str] = None
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: Optional[PromptLogprobs] = None  # vLLM's extra, when asked
 
 
 class DeltaMessage(BaseModel):

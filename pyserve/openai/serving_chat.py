@@ -12,7 +12,7 @@ from .protocol import ChatCompletionRequest, ChatMessage
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                         ChoiceLogprobs, DeltaMessage, Usage, now)
 from .served_model import ServedModel
-from .serving_common import Choice, chat_logprobs, collect, engine_requests, stream_events
+from .serving_common import Choice, chat_logprobs, collect, engine_requests, stream_events, vllm_prompt_logprobs
 from .untrusted_template import UntrustedChatTemplate
 
 
@@ -29,7 +29,7 @@ class ChatServing:
         rid = ctx.response_id("chatcmpl")
         ids = self.encode_rendered(text, req.add_special_tokens)
         requests, ticket = engine_requests(self.model, ctx, rid, req, [ids], "messages")
-        shape = _Shapes(self.model, req, rid, requests[0].params.n)
+        shape = _Shapes(self.model, req, rid, requests[0].params.n, ids)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
@@ -86,8 +86,9 @@ def _open_final_message(text: str, final: dict) -> str:
 class _Shapes:
     """The response and chunk shapes of one chat request."""
 
-    def __init__(self, model: ServedModel, req: ChatCompletionRequest, rid: str, n: int):
+    def __init__(self, model: ServedModel, req: ChatCompletionRequest, rid: str, n: int, prompt_ids: list[int]):
         self.model, self.rid, self.created, self.n = model, rid, now(), n
+        self.prompt_ids, self.prompt_top = prompt_ids, req.prompt_logprobs
         self.top = req.logprobs_wanted()  # alternatives per token, None: no logprobs
         self.include_usage = req.include_usage
 
@@ -102,9 +103,13 @@ class _Shapes:
             index=idx, message=AssistantMessage.model_construct(role="assistant", content=c.text, refusal=None),
             logprobs=self._logprobs(c.token_ids, c.logprobs), finish_reason=c.finish_reason)
             for idx, c in sorted(choices.items())]
+        extra = {}
+        plp = next((c.prompt_logprobs for c in choices.values() if c.prompt_logprobs is not None), None)
+        if self.prompt_top is not None and plp is not None:
+            extra["prompt_logprobs"] = vllm_prompt_logprobs(self.model, self.prompt_ids, plp, self.prompt_top)
         return ChatCompletionResponse.model_construct(id=self.rid, object="chat.completion", created=self.created,
                                                       model=self.model.name, system_fingerprint=None, choices=out,
-                                                      usage=u)
+                                                      usage=u, **extra)
 
     def _chunk(self, choices: list, **extra) -> ChatCompletionChunk:
         if self.include_usage and "usage" not in extra:

@@ -17,7 +17,7 @@ from typing import AsyncIterator, Optional, Protocol
 from .context import Demand, RequestContext
 from .errors import OpenAIError, bad_request, from_engine, server_error
 from .protocol import _Sampling
-from .responses import CompletionLogprobs, TokenLogprob, TopLogprob, Usage, usage
+from .responses import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob, Usage, usage
 from .served_model import ServedModel
 from .sse import DONE, SHUTDOWN, STALLED, EngineRequest, StallWatch, choice_outputs, event
 
@@ -103,12 +103,15 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: Optional[str] = None
+    prompt_logprobs: Optional[list] = None  # per prompt token (None first), when asked
 
     def add(self, out) -> None:
         self.text += out.text_delta
         self.token_ids += out.token_ids_delta
         self.logprobs += out.logprobs_delta or ()
         self.finish_reason = out.finish_reason or self.finish_reason
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
 
 
 async def collect(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest],
@@ -231,6 +234,45 @@ def completion_logprobs(model: ServedModel, token_ids: list[int], entries: list[
         offset += len(text)
     return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
                                               text_offset=offsets), offset
+
+
+def echoed_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: list, k: int) -> CompletionLogprobs:
+    """The echoed prompt's part of completions' logprobs (OpenAI's shape, as lm-eval reads it): each prompt
+    token's text and logprob, None for the first token (nothing precedes it), offsets from 0."""
+    tokens, lps, tops, offsets, offset = [], [], [], [], 0
+    for tid, entry in zip(prompt_ids, entries):
+        text = model.token_text(tid)[0]
+        tokens.append(text)
+        lps.append(None if entry is None else entry.get(tid))
+        tops.append(None if entry is None else _tops_with(model, entry, tid, k))
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=lps, top_logprobs=tops,
+                                              text_offset=offsets)
+
+
+def _tops_with(model: ServedModel, entry: dict, tid: int, k: int) -> dict[str, float]:
+    top = dict(_top(entry, k))
+    top.setdefault(tid, entry.get(tid))
+    return {model.token_text(t)[0]: v for t, v in top.items()}
+
+
+def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: list, k: int) -> list:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}
+    for the token and its k best alternatives; the prompt token's rank is unknown (None) when it is not
+    among those k."""
+    out = []
+    for tid, entry in zip(prompt_ids, entries):
+        if entry is None:
+            out.append(None)
+            continue
+        outside = len(entry) > k  # the prompt token was added beside the k best
+        ranked = [t for t, _ in sorted(entry.items(), key=lambda kv: -kv[1]) if not (outside and t == tid)]
+        rank = {t: i + 1 for i, t in enumerate(ranked)}
+        out.append({str(t): PromptLogprob.model_construct(logprob=v, rank=rank.get(t),
+                                                          decoded_token=model.token_text(t)[0])
+                    for t, v in entry.items()})
+    return out
 
 
 def chat_logprobs(model: ServedModel, token_ids: list[int], entries: list[dict], k: int) -> list[TokenLogprob]:

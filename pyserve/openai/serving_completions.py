@@ -1,13 +1,14 @@
 """/v1/completions: prompts (text or token ids) → engine requests → a CompletionResponse or an SSE body."""
 from __future__ import annotations
 
-from typing import AsyncIterator, Union
+from typing import AsyncIterator, Optional, Union
 
 from .context import RequestContext
 from .protocol import CompletionRequest
-from .responses import CompletionChoice, CompletionResponse, Usage, now
+from .responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage, now
 from .served_model import ServedModel
-from .serving_common import Choice, collect, completion_logprobs, engine_requests, stream_events
+from .serving_common import (Choice, collect, completion_logprobs, echoed_prompt_logprobs, engine_requests,
+                             stream_events, vllm_prompt_logprobs)
 
 
 class CompletionServing:
@@ -53,9 +54,21 @@ class _Shapes:
             return None, offset
         return completion_logprobs(self.model, token_ids, entries, self.req.logprobs, offset)
 
-    def _start(self, index: int) -> int:
-        """The text offset of a choice's first generated token: after its echo, if any."""
-        return len(self.echo(index)) if self.req.echo else 0
+    def _with_prompt(self, idx: int, plp: Optional[list], lp):
+        """Echo + logprobs: the prompt tokens' entries (first None) ahead of the generated ones, and the offset
+        after the prompt part (token texts, as vLLM counts them); else (lp, None)."""
+        if not (self.req.echo and lp is not None and plp is not None):
+            return lp, None
+        head = echoed_prompt_logprobs(self.model, self.prompts[idx // self.req.n_choices], plp, self.req.logprobs)
+        end = (head.text_offset[-1] + len(head.tokens[-1])) if head.tokens else 0
+        return _joined(head, lp, end), end
+
+    def _extras(self, idx: int, plp: Optional[list]) -> dict:
+        """vLLM's prompt_logprobs field, when asked."""
+        if self.req.prompt_logprobs is None or plp is None:
+            return {}
+        ids = self.prompts[idx // self.req.n_choices]
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.model, ids, plp, self.req.prompt_logprobs)}
 
     def _body(self, choices: list, **extra) -> CompletionResponse:
         return CompletionResponse.model_construct(id=self.rid, object="text_completion", created=self.created,
@@ -67,9 +80,10 @@ class _Shapes:
         for idx in sorted(choices):
             c = choices[idx]
             text = (self.echo(idx) if self.req.echo else "") + c.text
-            lp, _ = self._logprobs(c.token_ids, c.logprobs, self._start(idx))
+            lp, _ = self._logprobs(c.token_ids, c.logprobs, 0)
+            lp, _ = self._with_prompt(idx, c.prompt_logprobs, lp)
             out.append(CompletionChoice.model_construct(index=idx, text=text, finish_reason=c.finish_reason,
-                                                        logprobs=lp))
+                                                        logprobs=lp, **self._extras(idx, c.prompt_logprobs)))
         return self._body(out, usage=u)
 
     def _chunk(self, choices: list) -> CompletionResponse:
@@ -85,12 +99,25 @@ class _Shapes:
     def delta(self, idx: int, out) -> list:
         """A chunk for text, for the end, and for tokens whose logprobs were asked even while their text is
         held back (a partial UTF-8 character, a possible stop string): every entry goes out once, in order."""
-        offset = self.offsets[idx] if idx in self.offsets else self._start(idx)
-        lp, self.offsets[idx] = self._logprobs(out.token_ids_delta, out.logprobs_delta or [], offset)
+        first = idx not in self.offsets
+        lp, self.offsets[idx] = self._logprobs(out.token_ids_delta, out.logprobs_delta or [], self.offsets.get(idx, 0))
+        if first:
+            lp, end = self._with_prompt(idx, out.prompt_logprobs, lp)
+            if end is not None:
+                self.offsets[idx] += end
         if not out.text_delta and not out.finish_reason and lp is None:
             return []
         return [self._chunk([CompletionChoice.model_construct(index=idx, text=out.text_delta, logprobs=lp,
-                                                              finish_reason=out.finish_reason)])]
+                                                              finish_reason=out.finish_reason,
+                                                              **self._extras(idx, out.prompt_logprobs))])]
 
     def usage(self, u: Usage) -> CompletionResponse:
         return self._body([], usage=u)
+
+
+def _joined(head, tail, shift: int):
+    """The prompt part's logprobs, then the generated part's with its offsets moved past the prompt."""
+    return CompletionLogprobs.model_construct(
+        tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
+        top_logprobs=head.top_logprobs + tail.top_logprobs,
+        text_offset=head.text_offset + [o + shift for o in tail.text_offset])
