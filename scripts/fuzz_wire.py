@@ -797,6 +797,8 @@ def report(tally: Tally, seconds: float) -> list[str]:
     out.append(f"  honest streams: {tally.honest_intact} intact, {len(tally.honest_wrong)} wrong "
                f"{tally.honest_wrong[:3]}")
     out.append(f"  SIGTERM at the end: exit {tally.stop_code}, {len(tally.stray)} stray tracebacks")
+    for sig, n in Counter(crash_signature(t) for t in tally.stray).items():
+        out.append(f"  stray traceback x{n}: {sig}")
     for f in tally.findings.values():
         out.append(f"  EXIT x{f.count}: {f.signature}\n      input: {f.case or 'not reproduced alone'}")
     for case, codes in tally.fivexx_cases:
