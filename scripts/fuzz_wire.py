@@ -572,6 +572,7 @@ class Tally:
     honest_wrong: list = field(default_factory=list)
     stop_code: Optional[int] = None  # the exit status after SIGTERM at the end of a run
     stray: list = field(default_factory=list)  # stray_tracebacks of that last server
+    contained: int = 0  # connection errors the servers logged as contained (CONTAINED records)
 
     @property
     def total(self) -> int:
@@ -778,11 +779,11 @@ def fuzz(args) -> Tally:
     while tally.total < args.inputs and time.monotonic() < until:
         srv = start_server(args.server_arg)
         suspects = trio.run(session, srv, cases, until, args.inputs, tally, args.batch)
+        code = srv.stop(timeout=30 if not suspects else 10)
+        tally.contained += sum(bool(CONTAINED.search(line)) for line in srv.stderr)
         if not suspects:
-            code = srv.stop()
             tally.stop_code, tally.stray = code, stray_tracebacks(srv.stderr)
             break
-        srv.stop(timeout=10)
         found = record_exit(srv, suspects, tally, Path(args.crash_dir), args.server_arg)
         print(f"server exit after input {tally.total}: {found.signature}", flush=True)
     return tally
@@ -796,6 +797,7 @@ def report(tally: Tally, seconds: float) -> list[str]:
     out.append(f"  statuses: {dict(sorted(tally.codes.items()))}")
     out.append(f"  honest streams: {tally.honest_intact} intact, {len(tally.honest_wrong)} wrong "
                f"{tally.honest_wrong[:3]}")
+    out.append(f"  connection errors contained: {tally.contained}")
     out.append(f"  SIGTERM at the end: exit {tally.stop_code}, {len(tally.stray)} stray tracebacks")
     for sig, n in Counter(crash_signature(t) for t in tally.stray).items():
         out.append(f"  stray traceback x{n}: {sig}")

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import trio
 
 
 def _load_fuzz_wire():
