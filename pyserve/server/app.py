@@ -101,6 +101,7 @@ def create_app(engine=None, config: Optional[ServerConfig] = None) -> QuartTrio:
     _edge_hooks(app, state.edge)
     add_routes(app, state)
     _shield_final_send(app)
+    _refuse_websockets(app)
     instrument(app, state.metrics)  # outermost: the arrival time is taken before anything else runs
     return app
 
@@ -141,6 +142,24 @@ def _http_message(e: HTTPException) -> str:
         return (f"{request.method} {request.path[:200]} is not supported by pyserve; see /openapi.json for the "
                 f"endpoints it serves")
     return e.description or e.name
+
+
+def _refuse_websockets(app: QuartTrio) -> None:
+    """pyserve serves no WebSocket: a handshake is closed (Hypercorn answers 403) before Quart sees it. A
+    client that sent garbage after its handshake has a connection Hypercorn already gave up on: the close
+    then fails, and that failure is this connection's alone, so it is not raised into Hypercorn's log."""
+    inner = app.asgi_app
+
+    async def asgi_app(scope, receive, send):
+        if scope["type"] != "websocket":
+            return await inner(scope, receive, send)
+        try:
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+        except Exception as e:  # noqa: BLE001 - see above; Cancelled is not an Exception and passes
+            log.info("websocket handshake from a client that broke it: %s", type(e).__name__)
+
+    app.asgi_app = asgi_app
 
 
 def _shield_final_send(app: QuartTrio) -> None:

@@ -13,6 +13,13 @@ connection — every other stream on it with it — and, before connection.py he
 - On a drain, the stream that ends last sends GOAWAY from its app task (h2.py:225-230) while the send task may
   still hold that stream's final DATA frame: END_STREAM then went out after GOAWAY. GOAWAY now waits for the
   last buffer to be sent, whichever task sees it.
+- A stream whose client leaves its flow-control window full never pushes back on the app:
+  `StreamBuffer.pop` (h2.py:77-84) un-pauses the writer whenever the chunk it popped is small, and the
+  0-byte pops of a closed window always are, so the whole response piled up in memory and the stalled-client
+  watch never fired. A writer now waits while the buffer itself stays above the low-water mark.
+- A prior-knowledge connection that never finishes a stream was never closed: the idle timer stops when the
+  preface is read as HTTP/1.1 and nothing restarts it after the switch to HTTP/2. `initiate` reports the
+  connection's idleness once it speaks HTTP/2.
 - `_send_data`'s error path indexes `self.stream_buffers` again (h2.py:177-182) after the KeyError it is
   handling; a stream whose buffer is already gone is now just dropped from the send priority.
 """
@@ -24,13 +31,32 @@ import h2.exceptions
 import h2.settings
 import priority
 from hypercorn import protocol as hypercorn_protocol
+from hypercorn.protocol import h2 as hypercorn_h2
 from hypercorn.events import Closed, Updated
 from hypercorn.protocol.events import StreamClosed
-from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.protocol.h2 import BUFFER_LOW_WATER, H2Protocol, StreamBuffer
+
+
+class BackpressureStreamBuffer(StreamBuffer):
+    """StreamBuffer whose writer is released by the buffer draining, not by the size of one pop."""
+
+    async def pop(self, max_length: int) -> bytes:
+        length = min(len(self.buffer), max_length)
+        data = bytes(self.buffer[:length])
+        del self.buffer[:length]
+        if len(self.buffer) < BUFFER_LOW_WATER:
+            await self._paused.set()
+        if len(self.buffer) == 0:
+            await self._is_empty.set()
+        return data
 
 
 class TotalH2Protocol(H2Protocol):
     _goaway = False  # GOAWAY sent
+
+    async def initiate(self, headers=None, settings=None) -> None:
+        await super().initiate(headers, settings)
+        await self.send(Updated(idle=self.idle))  # the keep-alive timer runs again, as for HTTP/1.1
 
     async def _handle_events(self, events: list) -> None:
         for event in events:
@@ -92,5 +118,7 @@ class TotalH2Protocol(H2Protocol):
 
 def install() -> None:
     """Hypercorn builds a connection's HTTP/2 protocol from `hypercorn.protocol.H2Protocol` (prior knowledge
-    and h2c upgrade alike); this points it at TotalH2Protocol (idempotent)."""
+    and h2c upgrade alike) and each stream's buffer from `hypercorn.protocol.h2.StreamBuffer`; this points them
+    at TotalH2Protocol and BackpressureStreamBuffer (idempotent)."""
     hypercorn_protocol.H2Protocol = TotalH2Protocol
+    hypercorn_h2.StreamBuffer = BackpressureStreamBuffer  # the one name H2Protocol._create_stream builds
