@@ -185,3 +185,58 @@ def test_an_idle_h2_connection_gets_goaway_at_shutdown():
         assert srv.proc.wait(30) == 0
     finally:
         srv.stop()
+
+
+async def test_64_requests_multiplexed_on_one_h2_connection():
+    """Prior-knowledge h2c (what routers use): 64 requests on one connection at once, streamed and not; 4
+    streams reset mid-way (RST_STREAM). The survivors' text is the reference's, the resets count as aborted
+    requests, and every KV block comes back."""
+    import trio
+
+    prompts = ["Once upon a time", "The capital of France", "1, 2, 3,", "def main():"]
+    body = {"max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    srv = ServerProcess().wait_ready()
+    try:
+        ref = [httpx.post(srv.url + "/v1/completions", json=dict(body, prompt=p), timeout=60).json()
+               ["choices"][0]["text"] for p in prompts]
+        before, _ = parse_metrics(httpx.get(srv.url + "/metrics").text)
+        got: dict[int, str] = {}
+
+        async def one(client, i: int) -> None:
+            req = dict(body, prompt=prompts[i % 4])
+            if i % 2:  # not streamed
+                r = await client.post("/v1/completions", json=req)
+                got[i] = r.json()["choices"][0]["text"]
+                return
+            text, chunks, reset = "", 0, i % 16 == 0
+            if reset:  # long enough that the reset lands mid-generation
+                req["max_tokens"] = 2000
+            async with client.stream("POST", "/v1/completions", json=dict(req, stream=True)) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        text += json.loads(line[6:])["choices"][0]["text"]
+                        chunks += 1
+                        if reset and chunks == 3:
+                            return  # leaving the block resets this stream only
+            got[i] = text
+
+        with trio.fail_after(120):
+            async with httpx.AsyncClient(base_url=srv.url, http2=True, http1=False, timeout=60) as client:
+                async with trio.open_nursery() as nursery:
+                    for i in range(64):
+                        nursery.start_soon(one, client, i)
+                assert (await client.get("/health")).http_version == "HTTP/2"
+        assert sorted(got) == [i for i in range(64) if i % 16] and all(got[i] == ref[i % 4] for i in got)
+        aborted = lambda m: total(m, "pyserve:request_aborted_total")  # noqa: E731
+        with trio.move_on_after(30):
+            while True:
+                after, _ = parse_metrics(httpx.get(srv.url + "/metrics").text)
+                if total(after, "pyserve:kv_blocks_used") == 0 and aborted(after) - aborted(before) == 4:
+                    break
+                await trio.sleep(0.05)
+        assert total(after, "pyserve:kv_blocks_used") == 0
+        assert aborted(after) - aborted(before) == 4
+        assert total(after, "pyserve:num_requests_running") == 0
+        assert total(after, "pyserve:connection_errors_total") == 0
+    finally:
+        assert srv.stop() == 0
