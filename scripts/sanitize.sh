@@ -32,8 +32,9 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -Dpybind11_DIR="$PYBIND1
 cmake --build "$BUILD" --parallel "$JOBS"
 
 # the Python package beside the instrumented extension (copies: Path(pyserve.__file__).resolve() must stay here)
-find "$BUILD/py/pyserve" -maxdepth 1 -name '*.py' -delete 2>/dev/null || true
-cp "$ROOT"/pyserve/*.py "$BUILD/py/pyserve/"
+# (the whole tree: the package has subpackages, engine/ openai/ server/ bench/, and data files)
+find "$BUILD/py/pyserve" -type f ! -name '_engine*.so' -delete 2>/dev/null || true
+(cd "$ROOT" && find pyserve -type f ! -name '_engine*.so' ! -path '*/__pycache__/*' -exec cp --parents {} "$BUILD/py/" \;)
 ls "$BUILD"/py/pyserve/_engine*.so >/dev/null
 
 RUNTIMES=()
