@@ -7,24 +7,9 @@ import json
 
 import httpx
 import numpy as np
-import openai
 import pytest
 
-from pyserve.bench.launch import ServerProcess
-
-MODEL = "gemma-3-270m-q4_k_m"
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess(threads=1).wait_ready()
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)[-3000:]
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+from test_wire_defects import MODEL, client, server  # noqa: F401 - the same one-thread server and SDK client
 
 
 def _tokens(server, text: str) -> list[int]:
