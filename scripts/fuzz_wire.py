@@ -427,6 +427,7 @@ def h1_statuses(data: bytes) -> tuple[list[int], bytes]:
 def h2_statuses(data: bytes) -> list[int]:
     """The :status of each complete header block (HEADERS + CONTINUATIONs) in a server's HTTP/2 bytes."""
     decoder, codes, block, pos = hpack.Decoder(), [], b"", 0
+    decoder.max_allowed_table_size = 1 << 32  # a mutated SETTINGS may have offered the server a bigger table
     while pos + 9 <= len(data):
         try:
             f, length = Frame.parse_frame_header(memoryview(data[pos:pos + 9]))
@@ -439,7 +440,10 @@ def h2_statuses(data: bytes) -> list[int]:
         if f.type in (0x1, 0x9):
             block += f.data
             if "END_HEADERS" in f.flags:
-                headers = dict(decoder.decode(block, raw=True))
+                try:
+                    headers = dict(decoder.decode(block, raw=True))
+                except hpack.HPACKError:
+                    break  # what the server encoded for a mutated peer: its statuses are not ours to read
                 block = b""
                 if b":status" in headers:
                     codes.append(int(headers[b":status"]))
