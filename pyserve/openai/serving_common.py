@@ -8,7 +8,6 @@ sent) and asks the edge to admit it (a 429); `collect` or `stream_events` then r
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -50,9 +49,8 @@ def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sam
     """One engine request per prompt (its n choices forked in the engine), each checked by the engine, then
     admitted by the edge. Returns them with the admission ticket."""
     out, n = [], req.n_choices
-    base = req.to_sampling_params()
     for p, ids in enumerate(prompts):
-        params = dataclasses.replace(base, max_tokens=max_tokens_for(model, req, len(ids), prompt_param))
+        params = req.to_sampling_params(max_tokens_for(model, req, len(ids), prompt_param))
         try:
             model.engine.check(ids, params)
         except ValueError as e:
@@ -217,38 +215,22 @@ def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
     return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
 
 
-def completion_logprobs(model: ServedModel, token_ids: list[int], entries: list[dict], k: int,
+def completion_logprobs(model: ServedModel, token_ids: list[int], entries: list, k: int,
                         offset: int) -> tuple[CompletionLogprobs, int]:
-    """Completions' logprobs: each token's text, its logprob, its top-k as {text: logprob} with the sampled
-    token always among them (so up to k + 1 entries, as OpenAI), its text offset. Returns them with the
-    offset after the last token."""
+    """Completions' logprobs: each token's text, its logprob, its top-k as {text: logprob} with the token
+    itself always among them (so up to k + 1 entries, as OpenAI), its text offset. Returns them with the
+    offset after the last token. An entry may be None (an echoed prompt's first token: nothing precedes it),
+    and its logprob and top are then null, as lm-eval reads them."""
     tokens, token_lps, tops, offsets = [], [], [], []
     for tid, entry in zip(token_ids, entries):
         text, _ = model.token_text(tid)
         tokens.append(text)
-        token_lps.append(entry.get(tid))
-        top = dict(_top(entry, k))
-        top.setdefault(tid, entry.get(tid))
-        tops.append({model.token_text(t)[0]: v for t, v in top.items()})
+        token_lps.append(None if entry is None else entry.get(tid))
+        tops.append(None if entry is None else _tops_with(model, entry, tid, k))
         offsets.append(offset)
         offset += len(text)
     return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
                                               text_offset=offsets), offset
-
-
-def echoed_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: list, k: int) -> CompletionLogprobs:
-    """The echoed prompt's part of completions' logprobs (OpenAI's shape, as lm-eval reads it): each prompt
-    token's text and logprob, None for the first token (nothing precedes it), offsets from 0."""
-    tokens, lps, tops, offsets, offset = [], [], [], [], 0
-    for tid, entry in zip(prompt_ids, entries):
-        text = model.token_text(tid)[0]
-        tokens.append(text)
-        lps.append(None if entry is None else entry.get(tid))
-        tops.append(None if entry is None else _tops_with(model, entry, tid, k))
-        offsets.append(offset)
-        offset += len(text)
-    return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=lps, top_logprobs=tops,
-                                              text_offset=offsets)
 
 
 def _tops_with(model: ServedModel, entry: dict, tid: int, k: int) -> dict[str, float]:

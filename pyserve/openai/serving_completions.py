@@ -7,8 +7,8 @@ from .context import RequestContext
 from .protocol import CompletionRequest
 from .responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage, now
 from .served_model import ServedModel
-from .serving_common import (Choice, collect, completion_logprobs, echoed_prompt_logprobs, engine_requests,
-                             stream_events, vllm_prompt_logprobs)
+from .serving_common import (Choice, collect, completion_logprobs, engine_requests, stream_events,
+                             vllm_prompt_logprobs)
 
 
 class CompletionServing:
@@ -59,8 +59,8 @@ class _Shapes:
         after the prompt part (token texts, as vLLM counts them); else (lp, None)."""
         if not (self.req.echo and lp is not None and plp is not None):
             return lp, None
-        head = echoed_prompt_logprobs(self.model, self.prompts[idx // self.req.n_choices], plp, self.req.logprobs)
-        end = (head.text_offset[-1] + len(head.tokens[-1])) if head.tokens else 0
+        head, end = completion_logprobs(self.model, self.prompts[idx // self.req.n_choices], plp,
+                                        self.req.logprobs, 0)
         return _joined(head, lp, end), end
 
     def _extras(self, idx: int, plp: Optional[list]) -> dict:
