@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy_ref as nr  # noqa: E402
 from prompts import PROMPTS  # noqa: E402
+from test_engine_client import settled  # noqa: E402 - the bounded poll until the engine holds nothing
 
 LONG_TEXT = "The quick brown fox jumps over the lazy dog. " * 8  # ~80 tokens: several chunks of 5
 
@@ -188,15 +189,6 @@ async def mid_prefill(engine, max_polls=2000):
             return
         await trio.sleep(0.005)
     raise AssertionError(f"no request got to its prefill: {engine.stats()}")
-
-
-async def settled(engine, max_polls=1000):
-    for _ in range(max_polls):
-        s = engine.stats()
-        if (s["blocks_used"], s["running"], s["waiting"], s["streams"]) == (0, 0, 0, 0):
-            return s
-        await trio.sleep(0.01)
-    raise AssertionError(f"the engine did not settle: {engine.stats()}")
 
 
 async def test_cancel_and_abort_mid_embedding_free_the_blocks(small, alone):

@@ -15,8 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import struct
-import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 import hpack
@@ -26,18 +24,9 @@ import trio
 from hyperframe.frame import Frame
 
 from pyserve.bench.prometheus import parse_metrics, totals
+from wire_servers import fuzz_wire as fw, shared_server, srv  # noqa: F401 - fixtures
 
 
-def _load_fuzz_wire():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    try:
-        import fuzz_wire
-    finally:
-        sys.path.pop(0)
-    return fuzz_wire
-
-
-fw = _load_fuzz_wire()
 PREFACE, frame, settings_payload = fw.PREFACE, fw.frame, fw.settings_payload
 STALL_TIMEOUT = 2.0  # --stalled-client-timeout of the server under test
 KEEP_ALIVE = 2.0  # its --keep-alive-timeout
@@ -48,22 +37,7 @@ END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 LONG = {"prompt": "Tell me a long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
-@pytest.fixture(scope="module")
-def shared():
-    s = fw.SharedServer("--stalled-client-timeout", str(STALL_TIMEOUT), "--keep-alive-timeout", str(KEEP_ALIVE))
-    yield s
-    code, stray = s.close()
-    assert code == 0 and not stray, f"exit status {code}\n" + "\n".join(stray) + "".join(s.srv.stderr)[-3000:]
-
-
-@pytest.fixture
-def srv(shared):
-    """The shared server; after the test, no traceback in what it logged meanwhile but contained ones."""
-    s = shared.live()
-    start = len(s.stderr)
-    yield s
-    stray = fw.stray_tracebacks(s.stderr[start:])
-    assert not stray, "\n".join(stray)
+shared = shared_server("--stalled-client-timeout", str(STALL_TIMEOUT), "--keep-alive-timeout", str(KEEP_ALIVE))
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,12 @@ and httpx against a real server: what evaluation harnesses and RAG pipelines sen
 from __future__ import annotations
 
 import base64
-import json
 
 import httpx
 import numpy as np
 import pytest
 
-from test_wire_defects import MODEL, client, server  # noqa: F401 - the same one-thread server and SDK client
+from test_wire_defects import MODEL, _streamed_logprobs, client, server  # noqa: F401 - the same server and client
 
 
 def _tokens(server, text: str) -> list[int]:
@@ -72,15 +71,7 @@ def test_echo_logprobs_score_the_prompt_as_lm_eval_asks(server, client):
 def test_streamed_echo_logprobs_equal_the_whole(server):
     body = {"prompt": "One, two, three,", "echo": True, "logprobs": 2, "max_tokens": 5, "temperature": 0}
     whole = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]
-    lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    text = ""
-    with httpx.stream("POST", server.url + "/v1/completions", json=dict(body, stream=True), timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                ch = json.loads(line[6:])["choices"][0]
-                text += ch["text"]
-                for k in lp:
-                    lp[k] += (ch["logprobs"] or {}).get(k, [])
+    text, lp = _streamed_logprobs(server, body)
     assert text == whole["text"] and lp == whole["logprobs"]
 
 

@@ -13,44 +13,19 @@ PYSERVE_WIRE_FUZZ_SECONDS / _INPUTS change the budget). The long run by hand: sc
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-
-def _load_fuzz_wire():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    try:
-        import fuzz_wire
-    finally:
-        sys.path.pop(0)
-    return fuzz_wire
+from wire_servers import fuzz_wire, shared_server, srv  # noqa: F401 - fixtures
 
 
-fuzz_wire = _load_fuzz_wire()
 SEED = 20261201
 FUZZ_SECONDS = float(os.environ.get("PYSERVE_WIRE_FUZZ_SECONDS", "30"))
 FUZZ_INPUTS = int(os.environ.get("PYSERVE_WIRE_FUZZ_INPUTS", "300"))
 
 
-@pytest.fixture(scope="module")
-def shared():
-    s = fuzz_wire.SharedServer()
-    yield s
-    code, stray = s.close()
-    assert code == 0 and not stray, f"exit status {code}\n" + "\n".join(stray) + "".join(s.srv.stderr)[-3000:]
-
-
-@pytest.fixture
-def srv(shared):
-    """The shared server; after the test, no traceback in what it logged meanwhile but contained ones."""
-    s = shared.live()
-    start = len(s.stderr)
-    yield s
-    stray = fuzz_wire.stray_tracebacks(s.stderr[start:])
-    assert not stray, "\n".join(stray)
+shared = shared_server()
 
 
 async def exited(srv, suspects: list) -> str:
