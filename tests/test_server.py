@@ -283,7 +283,8 @@ def test_drop_streams_frees_blocks(server, client):
     """Eight streams at once; once the server runs all eight, the clients of the four long ones hang up: the
     engine aborts those (their blocks freed) while the other four run on to the text they give alone."""
     prompts = [f"Count slowly from {i} to one hundred:" for i in range(8)]
-    ref = {i: client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=40, temperature=0,
+    # the survivors are long enough (96 tokens) that none can finish between the drops and the next scrape
+    ref = {i: client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=96, temperature=0,
                                         extra_body={"ignore_eos": True}).choices[0].text for i in (1, 3, 5, 7)}
     result: dict = {}
     seen: dict = {}
@@ -293,7 +294,7 @@ def test_drop_streams_frees_blocks(server, client):
         drop = trio.Event()
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
             async def one(i: int, dropped: bool):
-                body = {"prompt": prompts[i], "max_tokens": 2000 if dropped else 40, "temperature": 0,
+                body = {"prompt": prompts[i], "max_tokens": 2000 if dropped else 96, "temperature": 0,
                         "stream": True, "ignore_eos": True}
                 text, n = "", 0
                 async with http.stream("POST", "/v1/completions", json=body) as r:
