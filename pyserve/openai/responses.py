@@ -7,15 +7,10 @@ did not ask for it, `token_strs` unless asked) is absent from its JSON, as in Op
 """
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, Field
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
 
 
 def now() -> int:

@@ -129,9 +129,6 @@ class Metrics:
             c = self._children = _Children(self, name)
         return c
 
-    def timer(self, arrival: Optional[float] = None) -> "RequestTimer":
-        return RequestTimer(self, time.monotonic() if arrival is None else arrival)
-
     def collect(self):
         labels, name = ["model_name"], self.model_name
         stats = self.engine_stats()
