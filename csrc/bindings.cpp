@@ -9,6 +9,8 @@
 
 #include "engine.h"
 #include "engine_loop.h"
+#include "grammar.h"
+#include "llg_api.h"
 #include "scheduler.h"
 #include "gguf.h"
 #include "model.h"
@@ -213,14 +215,18 @@ class PySampler {
  public:
   PySampler(int n_vocab, const py::kwargs& kw) : s_(config_from_kwargs(kw), n_vocab), n_vocab_(n_vocab) {}
   void set_prompt(const std::vector<int32_t>& p) { s_.set_prompt(p); }
+  void set_grammar(const std::shared_ptr<Matcher>& g) { s_.set_grammar(g ? g->clone() : nullptr); }
   py::tuple sample(f32array logits) {
     if (logits.size() != n_vocab_) throw std::invalid_argument("logits must have n_vocab elements");
     SampleResult r = s_.sample(logits.data());
+    grammar_end_ = r.grammar_end;
     return py::make_tuple(r.token, r.logprob, r.top);
   }
+  const std::string& grammar_end() const { return grammar_end_; }
  private:
   Sampler s_;
   int n_vocab_;
+  std::string grammar_end_;  // of the last sample
 };
 
 void bind_sampler(py::module_& m) {
@@ -232,7 +238,54 @@ void bind_sampler(py::module_& m) {
   py::class_<PySampler>(m, "Sampler")
       .def(py::init<int, const py::kwargs&>(), py::arg("n_vocab"))
       .def("set_prompt", &PySampler::set_prompt)
-      .def("sample", &PySampler::sample, "-> (token, logprob, [(id, logprob), ...])");
+      .def("set_grammar", &PySampler::set_grammar, py::arg("grammar"), "draws under a clone of `grammar` (None: free)")
+      .def("sample", &PySampler::sample, "-> (token, logprob, [(id, logprob), ...])")
+      .def_property_readonly("grammar_end", &PySampler::grammar_end,
+                             "the last sample's: 'stop' when it completed the grammar, 'error: …', or ''");
+}
+
+// ---- constrained decoding (llguidance) ----
+
+std::shared_ptr<GrammarVocab> make_grammar_vocab(const py::list& token_bytes, const std::vector<int32_t>& eos_ids) {
+  std::vector<std::string> toks;
+  toks.reserve(token_bytes.size());
+  for (auto b : token_bytes) toks.push_back(b.cast<std::string>());
+  py::gil_scoped_release nogil;
+  return std::make_shared<GrammarVocab>(toks, eos_ids);
+}
+
+std::shared_ptr<Matcher> compile_grammar(std::shared_ptr<const GrammarVocab> vocab, const std::string& kind,
+                                         const std::string& data) {
+  py::gil_scoped_release nogil;  // compiling may take a while: other Python threads (the event loop) go on
+  return Matcher::compile(std::move(vocab), kind, data);
+}
+
+py::bytes matcher_mask(Matcher& m) {
+  std::vector<uint32_t> mask(m.mask_words());
+  if (!m.compute_mask(mask.data())) throw std::invalid_argument("grammar: " + m.error());
+  return py::bytes(reinterpret_cast<const char*>(mask.data()), mask.size() * 4);
+}
+
+void bind_grammar(py::module_& m) {
+  m.def("load_llguidance", [](const std::string& path) { load_llguidance(path); }, py::arg("path"),
+        "dlopens llguidance's library (once per process); RuntimeError naming the path if it cannot");
+  m.def("grammar_matchers_live", &Matcher::live, "matchers alive in the process (compiled or cloned)");
+  py::class_<GrammarVocab, std::shared_ptr<GrammarVocab>>(m, "GrammarVocab",
+      "llguidance's view of a vocabulary: token_bytes[n_vocab] (specials as b'\\xff' + name), eos_ids")
+      .def(py::init(&make_grammar_vocab), py::arg("token_bytes"), py::arg("eos_ids"))
+      .def_property_readonly("n_vocab", &GrammarVocab::n_vocab);
+  py::class_<Matcher, std::shared_ptr<Matcher>>(m, "Grammar", "a compiled constraint and its state")
+      .def_static("compile", &compile_grammar, py::arg("vocab"), py::arg("kind"), py::arg("data"),
+                  "kind: 'json_schema', 'regex', 'lark' or 'llguidance'; ValueError with the compiler's message; "
+                  "releases the GIL")
+      .def("clone", [](const Matcher& g) { return std::shared_ptr<Matcher>(g.clone()); })
+      .def_property_readonly("n_vocab", &Matcher::n_vocab)
+      .def("mask", &matcher_mask, "-> the allowed ids as bytes of little-endian uint32 words (bit i % 32 of word i / 32)")
+      .def("consume", &Matcher::consume, py::arg("token"), "False (and the error state) if the grammar refuses it")
+      .def("rollback", &Matcher::rollback, py::arg("n_tokens"))
+      .def("is_accepting", &Matcher::accepting)
+      .def("is_stopped", &Matcher::stopped)
+      .def_property_readonly("error", &Matcher::error);
 }
 
 // ---- GGUF files ----
@@ -337,7 +390,8 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int 
 }
 
 Request make_request(const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling, int max_tokens,
-                     bool ignore_eos, std::vector<int32_t> stop_token_ids, int n, std::optional<int> prompt_logprobs) {
+                     bool ignore_eos, std::vector<int32_t> stop_token_ids, int n, std::optional<int> prompt_logprobs,
+                     std::shared_ptr<Matcher> grammar) {
   Request r;
   r.id = id;
   r.prompt = std::move(prompt);
@@ -349,6 +403,7 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
   if (prompt_logprobs && *prompt_logprobs < 0)  // None is "none" here; the engine's -1 is not a Python value
     throw std::invalid_argument("prompt_logprobs must be >= 0 or None, got " + std::to_string(*prompt_logprobs));
   r.prompt_logprobs = prompt_logprobs.value_or(-1);
+  r.grammar = std::move(grammar);
   return r;
 }
 
@@ -358,12 +413,12 @@ template <class C, class Method>
 void def_request(py::class_<C>& cls, const char* name, Method method, const char* doc) {
   cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
                          int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n,
-                         std::optional<int> prompt_logprobs) {
+                         std::optional<int> prompt_logprobs, std::shared_ptr<Matcher> grammar) {
     (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n,
-                                prompt_logprobs));
+                                prompt_logprobs, std::move(grammar)));
   }, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
      py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-     py::arg("n") = 1, py::arg("prompt_logprobs") = py::none(), doc);
+     py::arg("n") = 1, py::arg("prompt_logprobs") = py::none(), py::arg("grammar") = py::none(), doc);
 }
 
 Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std::string& pooling, bool normalize) {
@@ -462,7 +517,8 @@ py::dict engine_stats(Engine& e) {
                   py::arg("preemptions") = s.preemptions, py::arg("steps") = s.steps,
                   py::arg("tokens_computed") = s.tokens_computed,
                   py::arg("prefix_cache_queries") = s.prefix_cache_queries,
-                  py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached);
+                  py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached,
+                  py::arg("grammar_matchers") = s.grammar_matchers);
 }
 
 void bind_engine(py::module_& m) {
@@ -725,6 +781,7 @@ PYBIND11_MODULE(_engine, m) {
   bind_quant(m);
   bind_sampler(m);
   bind_gguf(m);
+  bind_grammar(m);
   bind_engine(m);
   bind_runtime(m);
 }

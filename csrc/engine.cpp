@@ -92,10 +92,14 @@ void Engine::check(const Request& req) const {
 void Engine::check_kind(const Request& req) const {
   const int max_tokens = req.stop.max_tokens, V = model_->hparams().n_vocab;
   if (req.pooling != Pooling::NONE) {
-    if (req.n != 1 || max_tokens != 0 || req.prompt_logprobs >= 0)
-      throw std::invalid_argument("pooling: an embedding request has n 1, max_tokens 0 and no prompt_logprobs");
+    if (req.n != 1 || max_tokens != 0 || req.prompt_logprobs >= 0 || req.grammar)
+      throw std::invalid_argument("pooling: an embedding request has n 1, max_tokens 0, no prompt_logprobs and "
+                                  "no grammar");
     return;
   }
+  if (req.grammar && req.grammar->n_vocab() != V)
+    throw std::invalid_argument("grammar: compiled for a vocabulary of " + std::to_string(req.grammar->n_vocab()) +
+                                " ids, the model has " + std::to_string(V));
   if (req.prompt_logprobs > V)
     throw std::invalid_argument("prompt_logprobs must be <= n_vocab (" + std::to_string(V) + "), got " +
                                 std::to_string(req.prompt_logprobs));
@@ -143,12 +147,14 @@ void Engine::add(Request req) {
   } else if (req.n == 1) {
     seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
     seq->sampler->set_prompt(req.prompt);
+    if (req.grammar) seq->sampler->set_grammar(req.grammar->clone());
   } else {
     for (int i = 0; i < req.n; i++) {
       SamplingConfig c = req.sampling;
       if (c.seed >= 0) c.seed = (int64_t)(((uint64_t)c.seed + (uint64_t)i) & INT64_MAX);  // seed + i, wrapped in [0, 2^63)
       seq->fork_samplers.push_back(std::make_unique<Sampler>(c, hp.n_vocab));
       seq->fork_samplers.back()->set_prompt(req.prompt);
+      if (req.grammar) seq->fork_samplers.back()->set_grammar(req.grammar->clone());  // each sample its own state
       seq->pending_samples.push_back(i);
     }
   }
@@ -248,12 +254,13 @@ std::vector<Sequence*> Engine::fork(Sequence* parent) {
   return out;
 }
 
-void Engine::check_stop(Sequence* seq, StepOutput& o) {
+void Engine::check_stop(Sequence* seq, StepOutput& o, const std::string& grammar_end) {
   int32_t tok = o.token;
   const StopConfig& st = seq->stop;
   bool eos = !st.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), tok) != eos_ids_.end();
   bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), tok) != st.stop_token_ids.end();
-  if (eos || stop_id) o.finish_reason = "stop";
+  if (!grammar_end.empty()) o.finish_reason = grammar_end;  // the grammar is complete (or its matcher failed)
+  else if (eos || stop_id) o.finish_reason = "stop";
   else if (seq->n_generated() >= st.max_tokens || (int)seq->tokens.size() >= cfg_.n_ctx) o.finish_reason = "length";
 }
 
@@ -383,7 +390,7 @@ void Engine::sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws
     o.logprob = r.logprob;
     o.top = std::move(r.top);
     o.prompt_logprobs = std::move(d->prompt_lp);  // the request's first draw: a fork's siblings hold none
-    check_stop(d, o);
+    check_stop(d, o, r.grammar_end);
     if (!o.finish_reason.empty()) finish(d);
     out.push_back(std::move(o));
   }
@@ -416,6 +423,7 @@ void Engine::snapshot_stats() {
   s.preemptions = scheduler_->num_preemptions();
   s.steps = steps_;
   s.tokens_computed = tokens_computed_;
+  s.grammar_matchers = Matcher::live();
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = s;
 }

@@ -44,6 +44,9 @@ struct Request {
   // output carries the pooled final-norm state, L2-normalised when `normalize`.
   Pooling pooling = Pooling::NONE;
   bool normalize = true;
+  // A constraint in its initial state (compiled beforehand, off the engine thread): each sample draws under
+  // its own clone; the request never advances this one, so one compiled grammar serves many requests.
+  std::shared_ptr<const Matcher> grammar;
 };
 
 struct StepOutput {
@@ -71,6 +74,7 @@ struct EngineStats {
   uint64_t preemptions = 0, steps = 0, tokens_computed = 0;
   uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // tokens looked up at admission, tokens found
   int blocks_cached = 0;                                      // cached blocks no sequence holds (reusable)
+  int64_t grammar_matchers = 0;                               // live matchers in the process (Matcher::live)
 };
 
 class Engine {
@@ -87,7 +91,7 @@ class Engine {
 
   // Every rule a request must pass: a non-empty prompt of ids in the vocabulary, max_tokens >= 1 (>= 0 with
   // prompt_logprobs; 0 for an embedding), n in [1, max_num_seqs] (1 for an embedding), prompt_logprobs <=
-  // n_vocab (none for an embedding), prompt + max_tokens within n_ctx, prompt + n × max_tokens within the KV
+  // n_vocab (none for an embedding), a grammar compiled for this vocabulary (none for an embedding), prompt + max_tokens within n_ctx, prompt + n × max_tokens within the KV
   // pool, the sampling parameters (check_sampling), stop_token_ids in the vocabulary. Throws std::invalid_argument
   // whose message starts with the field's name ("prompt: token id 300000 is outside the vocabulary …").
   // Thread-safe (reads only what is fixed at construction); queues nothing.
@@ -113,7 +117,7 @@ class Engine {
   void apply_pending(std::vector<StepOutput>& out);
   void abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out);
   std::vector<Sequence*> fork(Sequence* parent);  // parent + its new siblings, one per pending sample
-  void check_stop(Sequence* seq, StepOutput& o);
+  void check_stop(Sequence* seq, StepOutput& o, const std::string& grammar_end);
   void check_kind(const Request& req) const;  // the rules that differ between generation, scoring, embedding
   void check_size(const Request& req) const;  // context length and KV pool
   void build_batch(const Schedule& sched);

@@ -382,11 +382,18 @@ void Sampler::set_prompt(const std::vector<int32_t>& prompt) {
 }
 
 SampleResult Sampler::sample(const float* logits) {
-  const float* m = modified_logits(logits);
-  const ArgMax best = argmax(m, n_vocab_);
+  SampleResult r;
+  const bool masked = grammar_ && load_mask(r.grammar_end);
+  if (grammar_ && !masked) {  // the matcher failed: end the sample (whatever token, it is not reported as text)
+    r.token = first_allowed() >= 0 ? first_allowed() : 0;
+    return r;
+  }
+  const float* m = modified_logits(logits, masked);
+  ArgMax best = argmax(m, n_vocab_);
+  // A grammar whose only allowed ids are banned (min_tokens) or have -inf logits: its lowest allowed id
+  if (masked && !(best.value > -kInf)) best = {first_allowed(), kInf};
   const bool greedy = cfg_.temperature < kGreedyTemperature || cfg_.top_k == 1 || !(best.value > -kInf) ||
                       best.value == kInf;
-  SampleResult r;
   double z = 0;
   r.token = greedy ? best.id : draw_token(m, best.value, &z);
   // The weights' sum is the raw partition function when nothing modified the logits at T = 1.
@@ -396,17 +403,57 @@ SampleResult Sampler::sample(const float* logits) {
   fill_logprobs(logits, lse, r);
   output_counts_[r.token]++;
   n_out_++;
+  if (grammar_) advance_grammar(r);
   return r;
 }
 
-const float* Sampler::modified_logits(const float* logits) {
+void Sampler::set_grammar(std::unique_ptr<Matcher> m) {
+  if (m && m->n_vocab() != n_vocab_)
+    throw std::invalid_argument("grammar: compiled for a vocabulary of " + std::to_string(m->n_vocab()) +
+                                " ids, the model has " + std::to_string(n_vocab_));
+  grammar_ = std::move(m);
+  if (grammar_) mask_.assign(grammar_->mask_words(), 0);
+}
+
+bool Sampler::load_mask(std::string& error) {
+  if (grammar_->compute_mask(mask_.data())) return true;
+  error = "error: grammar: " + grammar_->error();
+  return false;
+}
+
+// m[i] = logits[i] where the mask allows i, else -inf; a word of 32 ids at a time (most are all-0 or all-1).
+void Sampler::apply_mask(const float* logits, float* m) const {
+  const int n = n_vocab_;
+  for (int w = 0, base = 0; base < n; w++, base += 32) {
+    const uint32_t bits = mask_[w];
+    const int end = std::min(n, base + 32);
+    if (bits == 0) std::fill(m + base, m + end, -kInf);
+    else if (bits == ~0u) std::memcpy(m + base, logits + base, (end - base) * sizeof(float));
+    else
+      for (int i = base; i < end; i++) m[i] = (bits >> (i - base)) & 1u ? logits[i] : -kInf;
+  }
+}
+
+int32_t Sampler::first_allowed() const {
+  for (size_t w = 0; w < mask_.size(); w++)
+    if (mask_[w]) return (int32_t)(w * 32 + __builtin_ctz(mask_[w]));
+  return -1;
+}
+
+void Sampler::advance_grammar(SampleResult& r) {
+  if (!grammar_->consume(r.token)) r.grammar_end = "error: grammar: " + grammar_->error();
+  else if (grammar_->stopped()) r.grammar_end = "stop";
+}
+
+const float* Sampler::modified_logits(const float* logits, bool masked) {
   const bool rep = cfg_.repetition_penalty != 1.0f && (!prompt_ids_.empty() || !output_counts_.empty());
   const bool out = (cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f) && !output_counts_.empty();
   const bool ban = n_out_ < cfg_.min_tokens && !cfg_.min_tokens_banned.empty();
-  if (cfg_.logit_bias.empty() && !rep && !out && !ban) return logits;
+  if (cfg_.logit_bias.empty() && !rep && !out && !ban && !masked) return logits;
   work_.resize(n_vocab_);
   float* m = work_.data();
-  std::memcpy(m, logits, n_vocab_ * sizeof(float));
+  if (masked) apply_mask(logits, m);  // first: no bias or penalty lifts a disallowed id back
+  else std::memcpy(m, logits, n_vocab_ * sizeof(float));
   if (ban)
     for (int32_t id : cfg_.min_tokens_banned) m[id] = -kInf;  // before the bias: no bias lifts them back
   for (const auto& [id, bias] : cfg_.logit_bias) m[id] += bias;

@@ -1,6 +1,6 @@
 // sampler: turns one row of logits into the next token, per request, with its log-probabilities.
 //
-// Order (as vLLM): logit bias → repetition / presence / frequency penalties → temperature → top-k → top-p →
+// Order (as vLLM): grammar mask (disallowed ids to -inf; sampler owns the sample's Matcher) → logit bias → repetition / presence / frequency penalties → temperature → top-k → top-p →
 // min-p → draw. temperature == 0 (< 1e-5) is greedy (argmax after bias and penalties; ties go to the lowest id).
 // Log-probabilities are always those of the raw model distribution (log-softmax of the unmodified logits),
 // as llama.cpp's n_probs and vLLM's default report them.
@@ -8,10 +8,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <random>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "grammar.h"
 
 namespace pyserve {
 
@@ -34,6 +38,9 @@ struct SampleResult {
   int32_t token = -1;
   float logprob = 0.0f;                            // raw log-softmax of the chosen token
   std::vector<std::pair<int32_t, float>> top;      // the `logprobs` best (id, raw logprob), best first
+  // With a grammar: "stop" once the drawn token completes it (only end-of-generation may follow), "error:
+  // grammar: …" if the matcher failed; "" otherwise
+  std::string grammar_end;
 };
 
 class Sampler {
@@ -45,7 +52,12 @@ class Sampler {
   void set_prompt(const std::vector<int32_t>& prompt);
   // Picks the next token from logits[n_vocab] (not modified) and records it as an output token. The token
   // is an id in [0, n_vocab) whatever the logits hold (NaN and ±inf too): the forward pass relies on it.
+  // With a grammar, only the ids it allows are drawn (ids outside it get -inf first); the drawn token is
+  // consumed by the matcher.
   SampleResult sample(const float* logits);
+  // Constrains every later draw to `m`'s grammar (null: none).
+  void set_grammar(std::unique_ptr<Matcher> m);
+  bool has_grammar() const { return grammar_ != nullptr; }
 
  private:
   // A kept prefix of the order (weight desc, id asc): {w > tau} ∪ {w == tau, id <= last}; mass = its total weight.
@@ -66,7 +78,11 @@ class Sampler {
   };
   static void above2(const float* w, int n, float t1, float t2, Above& a1, Above& a2);
 
-  const float* modified_logits(const float* logits);  // logits itself when no bias / penalty applies, else work_
+  const float* modified_logits(const float* logits, bool masked);  // logits itself when nothing applies, else work_
+  bool load_mask(std::string& error);                 // the grammar's mask into mask_; false: matcher error
+  void apply_mask(const float* logits, float* m) const;
+  int32_t first_allowed() const;                      // the lowest id mask_ allows (-1: none)
+  void advance_grammar(SampleResult& r);
   int32_t draw_token(const float* m, float m_max, double* z);
   Cut find_cut(const float* w, const Criterion& crit, const Cut& none_met, double z);
   Cut refine(const float* w, const Criterion& crit, double z);
@@ -92,6 +108,8 @@ class Sampler {
   int sample_stride_ = 1;
   std::vector<float> scratch_;                      // for top_ids
   std::vector<double> blocks_;                      // kept weight per block of work_, for the draw
+  std::unique_ptr<Matcher> grammar_;                // this sample's constraint (null: none)
+  std::vector<uint32_t> mask_;                      // [⌈n_vocab / 32⌉] the ids grammar_ allows next, one bit each
 };
 
 // The rules of the sampling parameters that need no model (ranges, logit_bias values). Throws

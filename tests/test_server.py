@@ -236,7 +236,7 @@ def test_errors(server, client):
     err("/v1/completions", {"prompt": [5, 999999999]}, 400, param="prompt")
     err("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
         param="tools")
-    err("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
+    err("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_xml"}}, 400,
         param="response_format")
     err("/v1/chat/completions", {"messages": CHAT, "stream_options": {"include_usage": True}}, 400)
     e = err("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "hi"}]}, 400)

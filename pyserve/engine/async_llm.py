@@ -36,6 +36,7 @@ import trio
 from .. import _engine
 from .output_processor import Delta, RequestState
 from .sampling_params import SamplingParams
+from .structured import StructuredOutputsParams
 
 # Upper bound on the synchronous steps run at shutdown to apply the last aborts (one step is enough when
 # every live request has been aborted; the bound only guards against a request nobody aborted).
@@ -299,6 +300,14 @@ class AsyncLLM:
                                 params.ignore_eos, list(params.stop_token_ids), n=params.n,
                                 prompt_logprobs=params.prompt_logprobs)
 
+    async def compile_grammar(self, so: Optional[StructuredOutputsParams]):
+        """The engine grammar of `so` (None without one), compiled on a worker thread so that a slow schema
+        stalls neither the event loop nor the engine's steps; cached per model. ValueError with the compiler's
+        message for one that does not compile."""
+        if so is None:
+            return None
+        return await trio.to_thread.run_sync(self.llm.grammars.compile, so, abandon_on_cancel=True)
+
     def check_embed(self, prompt_ids: list[int], pooling: str = "last", normalize: bool = True) -> None:
         """Raises the ValueError `embed` would raise (empty, too long, bad ids, pooling not 'last' / 'mean'),
         queueing nothing."""
@@ -311,12 +320,13 @@ class AsyncLLM:
         Raises ValueError on the first iteration, before anything is queued, for a request the engine refuses
         (too long, bad ids, bad parameters, a request id already streaming)."""
         params = params or SamplingParams()
-        rid, eid = self._new_id(request_id)
+        grammar = await self.compile_grammar(params.structured_outputs)  # waits for its grammar before it queues: ValueError
+        rid, eid = self._new_id(request_id)  # no await from here to the add: the id is taken at once
         ids = self.prompt_ids(prompt)
         stream = RequestStream(rid, [RequestState.for_params(self.tokenizer, ids, params) for _ in range(params.n)])
         self.loop.add(eid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                      list(params.stop_token_ids), n=params.n,
-                      prompt_logprobs=params.prompt_logprobs)  # validates: ValueError, nothing queued
+                      list(params.stop_token_ids), n=params.n, prompt_logprobs=params.prompt_logprobs,
+                      grammar=grammar)  # validates: ValueError, nothing queued
         self._streams[eid] = stream
         self._active[rid] = eid
         try:

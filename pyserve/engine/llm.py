@@ -11,6 +11,7 @@ from .model_source import resolve_model
 from .output_processor import RequestState
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
+from .structured import GrammarCompiler
 from .tokenizer import Tokenizer
 
 PromptType = Union[str, dict]
@@ -34,6 +35,7 @@ class LLM:
                                      enable_prefix_caching=enable_prefix_caching)
         self.tokenizer = Tokenizer.from_gguf_metadata(self.engine.metadata)
         self.engine.eos_ids = list(self.tokenizer.eos_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, self.engine.hparams["n_vocab"])
         self._ids = itertools.count()
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -98,9 +100,11 @@ class LLM:
     def _add(self, prompt: PromptType, params: SamplingParams) -> tuple[RequestOutput, list]:
         text, ids = self._prompt_ids(prompt)
         out = RequestOutput(request_id=str(next(self._ids)), prompt=text, prompt_token_ids=ids, outputs=[])
+        so = params.structured_outputs
         # One engine request for the n samples: the prompt is computed once, then forked (seed + i per sample).
         self.engine.add(out.request_id, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                        list(params.stop_token_ids), n=params.n, prompt_logprobs=params.prompt_logprobs)
+                        list(params.stop_token_ids), n=params.n, prompt_logprobs=params.prompt_logprobs,
+                        grammar=self.grammars.compile(so) if so else None)
         subs = []
         for i in range(params.n):
             out.outputs.append(CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None))

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .structured import StructuredOutputsParams
+
 MAX_LOGPROBS = 20
 
 
@@ -29,6 +31,9 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
+    # Constrain the text (JSON schema, regex, choice, grammar): every sample draws only what it allows, and
+    # ends ("stop") when the grammar is complete. Reported logprobs stay the model's raw distribution.
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

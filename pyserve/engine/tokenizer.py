@@ -293,6 +293,14 @@ class Tokenizer:
 
     id_to_piece = token_bytes
 
+    def grammar_bytes(self, n_vocab: int) -> list[bytes]:
+        """What each of the model's n_vocab ids writes, as a grammar engine sees it: a control or unknown
+        token's bytes are 0xFF + its name (no text can spell it: 0xFF never occurs in UTF-8), ids past the
+        vocabulary (a padded output layer) write nothing."""
+        out = [b"\xff" + p if a & _A_SKIPPED else p
+               for p, a in zip(self._piece_bytes[:n_vocab], self._attrs)]
+        return out + [b""] * (n_vocab - len(out))
+
     def token_to_id(self, text: str) -> int | None:
         return self._hf.token_to_id(text)
 

@@ -17,6 +17,7 @@ from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from ..engine.structured import StructuredOutputsParams
 from .errors import bad_request, from_validation, unsupported
 
 log = logging.getLogger("pyserve.server")
@@ -150,8 +151,85 @@ Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (n
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
 
 
+# ---- structured output: OpenAI's response_format, vLLM's structured_outputs (and guided_*), llama.cpp's ----
+
+class JsonSchemaFormat(_Model):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[Union[dict, bool]] = Field(None, alias="schema")  # none: any JSON object
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise bad_request("response_format of type 'json_schema' needs 'json_schema'", param="response_format")
+        return self
+
+    def params(self) -> Optional[StructuredOutputsParams]:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            schema = self.json_schema.schema_
+            return StructuredOutputsParams(json=schema) if schema is not None else StructuredOutputsParams(
+                json_object=True)
+        return None
+
+
+class StructuredOutputs(_Model):
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+    json_: Optional[Union[dict, str]] = Field(None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    whitespace_pattern: Optional[str] = None
+
+    def params(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(json=self.json_, regex=self.regex, choice=self.choice, grammar=self.grammar,
+                                       json_object=self.json_object, whitespace_pattern=self.whitespace_pattern)
+
+
+# (field, StructuredOutputsParams field) of vLLM's older top-level forms
+_GUIDED = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+           ("guided_grammar", "grammar"))
+
+
+def _constraints(req) -> list[tuple[str, StructuredOutputsParams]]:
+    """(request field, constraint) for every constraint the request carries, in any of the three forms."""
+    found = []
+    rf = req.response_format.params() if req.response_format is not None else None
+    if rf is not None:
+        found.append(("response_format", rf))
+    if req.structured_outputs is not None:
+        found.append(("structured_outputs", req.structured_outputs.params()))
+    for name, key in _GUIDED:
+        if getattr(req, name) is not None:
+            found.append((name, StructuredOutputsParams(**{key: getattr(req, name)},
+                                                        whitespace_pattern=req.guided_whitespace_pattern)))
+    if req.json_schema is not None:
+        found.append(("json_schema", StructuredOutputsParams(json=req.json_schema)))
+    if req.grammar is not None:
+        found.append(("grammar", StructuredOutputsParams(grammar=req.grammar)))
+    return found
+
+
 class _Sampling(_Model):
-    """What both endpoints do with the sampling fields they each declare (in OpenAI's order)."""
+    """What both endpoints do with the sampling fields they each declare (in OpenAI's order), and the
+    constraint fields both take besides response_format (which each declares in its place)."""
+    # structured output: vLLM's, its older guided_* forms, llama.cpp's (at most one of all, with response_format)
+    structured_outputs: Optional[StructuredOutputs] = None
+    guided_json: Optional[Union[dict, str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_whitespace_pattern: Optional[str] = None
+    json_schema: Optional[Union[dict, bool]] = None
+    grammar: Optional[str] = None
 
     @field_validator("logit_bias", check_fields=False)
     @classmethod
@@ -165,7 +243,21 @@ class _Sampling(_Model):
             raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise unsupported("best_of other than n", "best_of")
+        self.structured()  # at most one constraint, each well-formed: a 400 at parse time
         return self
+
+    def structured(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
+        """(the request's constraint, the field that carried it), or (None, None). Two constraints, or a
+        malformed one (an empty choice, two kinds in structured_outputs), is a 400 naming the fields."""
+        try:
+            found = _constraints(self)
+        except ValueError as e:  # StructuredOutputsParams' own rules; the one form that can break them
+            field_name = "structured_outputs" if self.structured_outputs is not None else None
+            raise bad_request(str(e), param=field_name) from None
+        if len(found) > 1:
+            names = " and ".join(f"'{n}'" for n, _ in found)
+            raise bad_request(f"at most one constraint per request: {names} were both given", param=found[1][0])
+        return found[0][1] if found else None, found[0][0] if found else None
 
     @property
     def include_usage(self) -> bool:
@@ -191,7 +283,7 @@ class _Sampling(_Model):
             max_tokens=max_tokens, min_tokens=self.min_tokens or 0, logprobs=self.logprobs_wanted(),
             prompt_logprobs=self.prompt_logprobs_wanted(),
             logit_bias=_token_id_keys(self.logit_bias),
-            skip_special_tokens=_or(self.skip_special_tokens, True))
+            skip_special_tokens=_or(self.skip_special_tokens, True), structured_outputs=self.structured()[0])
 
     def logprobs_wanted(self) -> Optional[int]:
         """Alternatives per token (None: no logprobs)."""
@@ -230,7 +322,7 @@ class ChatCompletionRequest(_Sampling):
     prediction: Optional[dict] = None
     presence_penalty: Penalty = None
     reasoning_effort: Optional[str] = None
-    response_format: Optional[dict] = None
+    response_format: Optional[ResponseFormat] = None
     seed: Seed = None
     service_tier: Optional[str] = None
     stop: Stop = None
@@ -272,13 +364,6 @@ class ChatCompletionRequest(_Sampling):
     def _no_tool_choice(cls, v, info: ValidationInfo):
         if v not in (None, "none", "auto"):
             raise _unsupported(f"'{info.field_name}'")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v):
-        if v is not None and v.get("type", "text") != "text":
-            raise _unsupported(f"response_format {v.get('type')!r} (only 'text')")
         return v
 
     @field_validator("modalities")
@@ -349,6 +434,7 @@ class CompletionRequest(_Sampling):
     skip_special_tokens: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # vLLM's: False sends the prompt without a BOS
     prompt_logprobs: PromptLogprobs = None
+    response_format: Optional[ResponseFormat] = None  # as chat's (vLLM takes it on completions too)
 
     @field_validator("suffix")
     @classmethod

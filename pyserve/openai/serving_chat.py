@@ -28,7 +28,7 @@ class ChatServing:
                                  req.add_generation_prompt, req.continue_final_message)
         rid = ctx.response_id("chatcmpl")
         ids = self.encode_rendered(text, req.add_special_tokens)
-        requests, ticket = engine_requests(self.model, ctx, rid, req, [ids], "messages")
+        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages")
         shape = _Shapes(self.model, req, rid, requests[0].params.n, ids)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))

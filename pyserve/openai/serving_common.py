@@ -44,10 +44,11 @@ def max_tokens_for(model: ServedModel, req: _Sampling, n_prompt: int, prompt_par
     return asked
 
 
-def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sampling,
-                    prompts: list[list[int]], prompt_param: str) -> tuple[list[EngineRequest], object]:
-    """One engine request per prompt (its n choices forked in the engine), each checked by the engine, then
-    admitted by the edge. Returns them with the admission ticket."""
+async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sampling,
+                          prompts: list[list[int]], prompt_param: str) -> tuple[list[EngineRequest], object]:
+    """One engine request per prompt (its n choices forked in the engine), each checked by the engine (its
+    constraint compiled first), then admitted by the edge. Returns them with the admission ticket."""
+    await check_constraint(model, req)
     out, n = [], req.n_choices
     for p, ids in enumerate(prompts):
         params = req.to_sampling_params(max_tokens_for(model, req, len(ids), prompt_param))
@@ -60,6 +61,16 @@ def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sam
     demand = Demand([(len(r.prompt_ids), r.params.max_tokens) for r in out for _ in range(n)],
                     req.max_new_tokens()[0])
     return out, ctx.admit(demand)
+
+
+async def check_constraint(model: ServedModel, req: _Sampling) -> None:
+    """Compiles the request's constraint (cached: the engine request reuses it): a 400 naming the field that
+    carried it, with the compiler's message, when it does not compile or asks what cannot be enforced."""
+    so, field_name = req.structured()
+    try:
+        await model.engine.compile_grammar(so)
+    except ValueError as e:
+        raise bad_request(f"'{field_name}': {e}", param=field_name, code="invalid_constraint") from None
 
 
 def _failed(out) -> bool:

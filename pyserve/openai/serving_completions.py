@@ -20,7 +20,7 @@ class CompletionServing:
         self.model.check_name(req.model)
         prompts = [self._ids(p, req.add_special_tokens is not False) for p in req.prompts]
         rid = ctx.response_id("cmpl")
-        requests, ticket = engine_requests(self.model, ctx, rid, req, prompts, "prompt")
+        requests, ticket = await engine_requests(self.model, ctx, rid, req, prompts, "prompt")
         shape = _Shapes(self.model, req, rid, prompts)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
