@@ -38,11 +38,11 @@ def embed_rate(url: str, items: list[str], concurrency: int) -> float:
     return len(items) / (time.perf_counter() - t0)
 
 
-def stream_gaps(url: str, i: int, max_tokens: int) -> list[float]:
-    body = {"prompt": f"Story {i}: once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True}
+def sse_gaps(url: str, body: dict, path: str = "/v1/completions") -> list[float]:
+    """Seconds between the SSE chunks (with choices) of one streamed request, client side."""
     gaps, last = [], None
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=300) as r:
+        r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"]:
                 now = time.perf_counter()
@@ -50,6 +50,11 @@ def stream_gaps(url: str, i: int, max_tokens: int) -> list[float]:
                     gaps.append(now - last)
                 last = now
     return gaps
+
+
+def stream_gaps(url: str, i: int, max_tokens: int) -> list[float]:
+    return sse_gaps(url, {"prompt": f"Story {i}: once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
+                          "temperature": 0})
 
 
 def streams(url: str, n: int, max_tokens: int, beside=None) -> dict:

@@ -188,6 +188,15 @@ class StructuredOutputs(_Model):
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     whitespace_pattern: Optional[str] = None
+    disable_any_whitespace: Optional[bool] = None  # what pyserve does anyway (compact JSON)
+    structural_tag: Optional[Any] = None
+
+    @field_validator("structural_tag")
+    @classmethod
+    def _no_structural_tag(cls, v):
+        if v is not None:  # accepted and then not enforced would be worse than a 400
+            raise _unsupported("'structured_outputs.structural_tag'")
+        return v
 
     def params(self) -> StructuredOutputsParams:
         return StructuredOutputsParams(json=self.json_, regex=self.regex, choice=self.choice, grammar=self.grammar,

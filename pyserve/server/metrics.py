@@ -151,7 +151,9 @@ class Metrics:
 _GAUGES = [("running", "pyserve:num_requests_running", "sequences in the engine's batch"),
            ("waiting", "pyserve:num_requests_waiting", "sequences waiting to be scheduled"),
            ("blocks_used", "pyserve:kv_blocks_used", "KV cache blocks in use"),
-           ("blocks_total", "pyserve:kv_blocks_total", "KV cache blocks in all")]
+           ("blocks_total", "pyserve:kv_blocks_total", "KV cache blocks in all"),
+           ("grammar_matchers", "pyserve:grammar_matchers",
+            "structured-output matchers alive: one per constrained sample, plus the compiled grammars cached")]
 _COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
              ("prefix_cache_queries", "pyserve:prefix_cache_queries",
               "prompt tokens looked up in the prefix cache at admission"),
