@@ -65,7 +65,8 @@ def _serve(args: argparse.Namespace) -> int:
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens or 128,
                             trust_request_chat_template=args.trust_request_chat_template,
-                            pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings))
+                            pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
+                            tool_call_parser=args.tool_call_parser))
 
 
 def _generate_parser(sub) -> None:
@@ -79,6 +80,8 @@ def _generate_parser(sub) -> None:
 
 
 def _serve_parser(sub) -> None:
+    from .openai.tool_parsers import TOOL_PARSERS  # pure Python: cheap to import for --help
+
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
     _engine_args(srv)
     srv.add_argument("--host", default="127.0.0.1")
@@ -92,6 +95,10 @@ def _serve_parser(sub) -> None:
                      help="/v1/embeddings: the last token's final-norm hidden state (vLLM's default for decoder "
                           "models) or the mean over the prompt")
     srv.add_argument("--no-normalize-embeddings", action="store_true", help="embeddings without L2 normalisation")
+    srv.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS), metavar="NAME",
+                     help="how the model writes tool calls: " + ", ".join(sorted(TOOL_PARSERS)) +
+                          " (default: detected from the chat template; a template that renders no tools gets "
+                          "the JSON polyfill)")
     _edge_args(srv)
     srv.set_defaults(func=_serve)
 

@@ -9,10 +9,12 @@ is the only bridge to the engine.
 """
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
+                      ValidationInfo)
 from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -75,35 +77,68 @@ class ContentPart(_Model):
         return self
 
 
+class FunctionCall(_Model):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it back
+
+
+class ToolCall(_Model):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[ContentPart]]] = None
     name: Optional[str] = None
-    tool_calls: Optional[Any] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
     function_call: Optional[Any] = None
 
     def for_template(self) -> dict:
-        """The message as templates see it: text parts joined into one string, None-valued keys dropped."""
+        """The message as templates see it: text parts joined into one string, None-valued keys dropped,
+        `developer` as `system` (what templates know), a tool call's arguments as the object templates
+        index into (`tool_call.function.arguments | tojson`, as transformers passes them)."""
         m = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             m["content"] = "\n".join(p.text or "" for p in self.content)
+        if self.role == "developer":
+            m["role"] = "system"
+        for call in m.get("tool_calls") or ():
+            call["function"]["arguments"] = _arguments_object(call["function"]["arguments"])
         return m
 
     def text_bytes(self) -> int:
+        calls = sum(len(c.function.arguments.encode()) for c in self.tool_calls or ())
         if isinstance(self.content, str):
-            return len(self.content.encode())
-        return sum(len((p.text or "").encode()) for p in self.content or ())
+            return len(self.content.encode()) + calls
+        return sum(len((p.text or "").encode()) for p in self.content or ()) + calls
+
+
+def _arguments_object(arguments: str) -> Any:
+    """A tool call's JSON arguments as a value; text that is not JSON stays text."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def _check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
     """The rules between a message's fields, in one pass over the list (a pydantic validator per message
     costs more than the rest of its validation)."""
     for i, m in enumerate(messages):
-        if m.content is None and m.role != "assistant":
+        if m.content is None and not (m.role == "assistant"):
             raise bad_request(f"'messages[{i}].content' is required for role {m.role!r}",
                               param=f"messages[{i}].content")
-        if m.tool_calls or m.function_call:
-            raise unsupported("messages with tool calls", f"messages[{i}].tool_calls")
+        if m.function_call:
+            raise unsupported("messages with a legacy function_call (use tool_calls)", f"messages[{i}].function_call")
+        if m.tool_calls and m.role != "assistant":
+            raise bad_request(f"'messages[{i}].tool_calls' belong to an assistant message",
+                              param=f"messages[{i}].tool_calls")
+        if m.role == "tool" and not m.tool_call_id:
+            raise bad_request(f"'messages[{i}].tool_call_id' is required for role 'tool'",
+                              param=f"messages[{i}].tool_call_id")
     return messages
 
 
@@ -149,6 +184,48 @@ PromptLogprobs = Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)]  # vLLM'
 MinTokens = Annotated[Optional[int], Field(ge=0)]  # vLLM's: no end (EOS, stop ids or strings) before this
 Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (negative: as its 63-bit mask)
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
+
+
+# ---- tools ----
+
+ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]  # OpenAI's rule, plus '.'
+MAX_TOOLS = 128
+
+
+class FunctionDefinition(_Model):
+    name: ToolName
+    description: Optional[str] = None
+    parameters: Optional[dict] = None  # a JSON schema of the arguments object; none: any object
+    strict: Optional[bool] = None
+
+
+class ChatTool(_Model):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]]
+
+
+def _check_tools(req) -> None:
+    """tool_choice needs tools and names one of them; tool names are unique."""
+    names = [t.function.name for t in req.tools or ()]
+    if len(set(names)) != len(names):
+        raise bad_request("'tools': function names must be unique", param="tools")
+    if req.tool_choice is not None and not req.tools:
+        raise bad_request("'tool_choice' is only allowed when 'tools' are given", param="tool_choice")
+    if isinstance(req.tool_choice, NamedToolChoice) and req.tool_choice.function.name not in names:
+        raise bad_request(f"'tool_choice': no tool named {req.tool_choice.function.name!r} in 'tools'",
+                          param="tool_choice")
 
 
 # ---- structured output: OpenAI's response_format, vLLM's structured_outputs (and guided_*), llama.cpp's ----
@@ -314,6 +391,7 @@ def _or(v, default):
 # ---- the endpoints ----
 
 class ChatCompletionRequest(_Sampling):
+    _tools_constraint: Optional[StructuredOutputsParams] = PrivateAttr(default=None)
     messages: Messages
     model: Optional[str] = None
     audio: Optional[dict] = None
@@ -327,7 +405,7 @@ class ChatCompletionRequest(_Sampling):
     metadata: Optional[dict] = None
     modalities: Optional[list[str]] = None
     n: NChoices = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[bool] = None  # default true
     prediction: Optional[dict] = None
     presence_penalty: Penalty = None
     reasoning_effort: Optional[str] = None
@@ -339,8 +417,8 @@ class ChatCompletionRequest(_Sampling):
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
     temperature: Temperature = None
-    tool_choice: Optional[Any] = None
-    tools: Optional[list] = None
+    tool_choice: ToolChoice = None
+    tools: Optional[Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)]] = None
     top_logprobs: Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)] = None
     top_p: TopP = None
     user: Optional[str] = None
@@ -360,19 +438,11 @@ class ChatCompletionRequest(_Sampling):
     add_special_tokens: Optional[bool] = None  # False: no BOS beyond what the template writes
     prompt_logprobs: PromptLogprobs = None
 
-    @field_validator("tools", "functions")
+    @field_validator("functions", "function_call")
     @classmethod
-    def _no_tools(cls, v, info: ValidationInfo):
+    def _no_functions(cls, v, info: ValidationInfo):
         if v:
-            raise _unsupported("tool calling ('tools')" if info.field_name == "tools" else
-                               "function calling ('functions')")
-        return v
-
-    @field_validator("tool_choice", "function_call")
-    @classmethod
-    def _no_tool_choice(cls, v, info: ValidationInfo):
-        if v not in (None, "none", "auto"):
-            raise _unsupported(f"'{info.field_name}'")
+            raise _unsupported(f"the legacy '{info.field_name}' (use 'tools' and 'tool_choice')")
         return v
 
     @field_validator("modalities")
@@ -394,7 +464,27 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
         _continue_or_prompt(self)
+        _check_tools(self)
+        if self.tool_mode() != "none" and self.structured()[0] is not None:
+            raise bad_request(f"at most one constraint per request: 'tools' and '{self.structured()[1]}' were "
+                              "both given (send tool_choice 'none' to constrain the answer)", param="tools")
         return self
+
+    def structured(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
+        """The request's own constraint, or the one its tools make (set by the chat serving: `use_tools`)."""
+        tools = getattr(self, "_tools_constraint", None)
+        return (tools, "tools") if tools is not None else super().structured()
+
+    def use_tools(self, constraint: Optional[StructuredOutputsParams]) -> None:
+        self._tools_constraint = constraint
+
+    def tool_mode(self) -> str:
+        """"none" (no tools, or tool_choice none), "auto" (the default with tools), "required" or "named"."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     def logprobs_wanted(self) -> Optional[int]:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -106,6 +106,8 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str]
     refusal: Optional[str] = None
+    # [{id: "call_…", type: "function", function: {name, arguments: JSON text}}]; absent without tools
+    tool_calls: Optional[list[dict]] = None
 
 
 class ChatChoice(BaseModel):
@@ -129,6 +131,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    # a call's first entry {index, id, type, function: {name, arguments}}, then {index, function: {arguments}}
+    tool_calls: Optional[list[dict]] = None
 
 
 class ChatChunkChoice(BaseModel):

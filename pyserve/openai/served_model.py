@@ -27,11 +27,12 @@ class ServedModel:
     n_embd: int = 0  # an embedding's length
     pooling: str = "last"  # embeddings: the last token's hidden state, or the mean over the prompt
     normalize_embeddings: bool = True  # L2-normalised
+    tool_call_parser: Optional[str] = None  # --tool-call-parser: the family of tool calls (None: from the template)
 
     @classmethod
     def from_engine(cls, engine, name: Optional[str] = None, chat_template: Optional[str] = None,
                     trust_request_chat_template: bool = False, pooling: str = "last",
-                    normalize_embeddings: bool = True) -> "ServedModel":
+                    normalize_embeddings: bool = True, tool_call_parser: Optional[str] = None) -> "ServedModel":
         llm = engine.llm
         cfg, hp = llm.engine.config, llm.engine.hparams
         template = chat_template if chat_template is not None else _model_template(llm.engine.metadata)
@@ -39,7 +40,7 @@ class ServedModel:
                    min(cfg["n_ctx"], cfg["num_kv_blocks"] * cfg["block_size"]), int(cfg.get("max_num_seqs", 64)),
                    _longest_token(engine.tokenizer, hp["n_vocab"]), template,
                    "" if template is not None else _NO_TEMPLATE, trust_request_chat_template, int(time.time()),
-                   hp["n_embd"], pooling, normalize_embeddings)
+                   hp["n_embd"], pooling, normalize_embeddings, tool_call_parser)
 
     def check_name(self, name: Optional[str]) -> None:
         if name is not None and name != self.name:

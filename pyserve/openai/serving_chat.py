@@ -1,6 +1,7 @@
 """/v1/chat/completions: messages → the chat template → one prompt → a ChatCompletionResponse or SSE body."""
 from __future__ import annotations
 
+import functools
 from typing import AsyncIterator, Optional, Union
 
 import trio
@@ -12,7 +13,10 @@ from .protocol import ChatCompletionRequest, ChatMessage
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                         ChoiceLogprobs, DeltaMessage, Usage, now)
 from .served_model import ServedModel
-from .serving_common import Choice, chat_logprobs, collect, engine_requests, stream_events, vllm_prompt_logprobs
+from .serving_common import (Choice, chat_logprobs, check_constraint, collect, engine_requests, stream_events,
+                             vllm_prompt_logprobs)
+from .tool_parsers import ParseResult, detect_tool_parser
+from .tools import ToolPlan
 from .untrusted_template import UntrustedChatTemplate
 
 
@@ -24,28 +28,44 @@ class ChatServing:
                      ctx: RequestContext) -> Union[ChatCompletionResponse, AsyncIterator[bytes]]:
         self.model.check_name(req.model)
         self.model.check_text_size(req.text_bytes(), "messages")
+        plan = ToolPlan.of(req, self.tool_parser(req.chat_template))
+        await check_constraint(self.model, plan.check(), "tools")
+        req.use_tools(plan.constraint())
         text = await self.render(req.messages, req.chat_template, req.chat_template_kwargs,
-                                 req.add_generation_prompt, req.continue_final_message)
+                                 req.add_generation_prompt, req.continue_final_message, plan)
         rid = ctx.response_id("chatcmpl")
         ids = self.encode_rendered(text, req.add_special_tokens)
         requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages")
-        shape = _Shapes(self.model, req, rid, requests[0].params.n, ids)
+        shape = _Shapes(self.model, req, rid, requests[0].params.n, ids, plan)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
 
+    def tool_parser(self, template: Optional[str]) -> Optional[str]:
+        """The tool-call family of the template in use (--tool-call-parser wins; None: it renders no tools)."""
+        if self.model.tool_call_parser:
+            return self.model.tool_call_parser
+        source = template if template is not None else self.model.chat_template
+        return _detect(source) if source is not None else None
+
     async def render(self, messages: list[ChatMessage], template: Optional[str], kwargs: Optional[dict],
-                     add_generation_prompt: bool = True, continue_final_message: Optional[bool] = None) -> str:
+                     add_generation_prompt: bool = True, continue_final_message: Optional[bool] = None,
+                     plan: Optional[ToolPlan] = None) -> str:
         """The prompt text, rendered in a worker thread (a template may be slow); with continue_final_message,
-        cut after the last message's content, which the model then continues."""
+        cut after the last message's content, which the model then continues. `plan`: the request's tools
+        (in the template's `tools`, or written into the messages for a template that knows none)."""
         kind = self._template_kind(template)
         source = template if template is not None else self.model.chat_template
         special = self.model.tokenizer.special_texts()
         dicts = [m.for_template() for m in messages]
+        if plan is not None:
+            dicts = plan.messages(dicts)
+        tools = plan.template_tools() if plan is not None else None
 
         def work() -> str:
             t = kind(source, bos_token=special.get("bos_token") or None, eos_token=special.get("eos_token") or None)
-            return t.render(dicts, add_generation_prompt=add_generation_prompt, chat_template_kwargs=kwargs)
+            return t.render(dicts, add_generation_prompt=add_generation_prompt, tools=tools,
+                            chat_template_kwargs=kwargs)
 
         try:
             text = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
@@ -71,6 +91,11 @@ class ChatServing:
         return self.model.tokenizer.encode(text, add_special=add_special is not False, parse_special=True)
 
 
+@functools.lru_cache(maxsize=32)
+def _detect(source: str) -> Optional[str]:
+    return detect_tool_parser(source)
+
+
 def _open_final_message(text: str, final: dict) -> str:
     """The rendered chat cut right after the final message's content, as transformers does for
     continue_final_message (the template's end-of-turn after it is dropped)."""
@@ -86,11 +111,15 @@ def _open_final_message(text: str, final: dict) -> str:
 class _Shapes:
     """The response and chunk shapes of one chat request."""
 
-    def __init__(self, model: ServedModel, req: ChatCompletionRequest, rid: str, n: int, prompt_ids: list[int]):
+    def __init__(self, model: ServedModel, req: ChatCompletionRequest, rid: str, n: int, prompt_ids: list[int],
+                 plan: ToolPlan):
         self.model, self.rid, self.created, self.n = model, rid, now(), n
         self.prompt_ids, self.prompt_top = prompt_ids, req.prompt_logprobs
         self.top = req.logprobs_wanted()  # alternatives per token, None: no logprobs
         self.include_usage = req.include_usage
+        self.plan = plan
+        self.parsers = {}  # streamed: choice index → its tool-call parser (tools only)
+        self.called = set()  # streamed: choices that made a tool call
 
     def _logprobs(self, token_ids: list[int], entries: list[dict]) -> Optional[ChoiceLogprobs]:
         if self.top is None:
@@ -98,11 +127,26 @@ class _Shapes:
         return ChoiceLogprobs.model_construct(content=chat_logprobs(self.model, token_ids, entries, self.top),
                                               refusal=None)
 
+    def _message(self, c: Choice) -> tuple[AssistantMessage, Optional[str]]:
+        """The choice's message and finish reason: tool calls parsed out of the text when the request has tools."""
+        parser = self.plan.parser()
+        if parser is None:
+            return AssistantMessage.model_construct(role="assistant", content=c.text, refusal=None), c.finish_reason
+        parsed: ParseResult = parser.parse(c.text)
+        if not parsed.tool_calls:
+            return AssistantMessage.model_construct(role="assistant", content=parsed.content or "",
+                                                    refusal=None), c.finish_reason
+        calls = [t.to_openai() for t in parsed.tool_calls]
+        return (AssistantMessage.model_construct(role="assistant", content=parsed.content, refusal=None,
+                                                 tool_calls=calls), _calls_finish(c.finish_reason))
+
     def response(self, choices: dict[int, Choice], u: Usage) -> ChatCompletionResponse:
-        out = [ChatChoice.model_construct(
-            index=idx, message=AssistantMessage.model_construct(role="assistant", content=c.text, refusal=None),
-            logprobs=self._logprobs(c.token_ids, c.logprobs), finish_reason=c.finish_reason)
-            for idx, c in sorted(choices.items())]
+        out = []
+        for idx, c in sorted(choices.items()):
+            message, finish = self._message(c)
+            out.append(ChatChoice.model_construct(index=idx, message=message,
+                                                  logprobs=self._logprobs(c.token_ids, c.logprobs),
+                                                  finish_reason=finish))
         extra = {}
         plp = next((c.prompt_logprobs for c in choices.values() if c.prompt_logprobs is not None), None)
         if self.prompt_top is not None and plp is not None:
@@ -127,12 +171,47 @@ class _Shapes:
 
     def delta(self, idx: int, out) -> list:
         res = []
-        if out.text_delta or (self.top is not None and out.token_ids_delta):
+        message = self._delta_message(idx, out)
+        if message is not None or (self.top is not None and out.token_ids_delta):
             lp = self._logprobs(out.token_ids_delta, out.logprobs_delta or [])
-            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(content=out.text_delta), lp)]))
+            res.append(self._chunk([self._choice(idx, message or DeltaMessage.model_construct(content=""), lp)]))
         if out.finish_reason:
-            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(), None, out.finish_reason)]))
+            finish = _calls_finish(out.finish_reason) if idx in self.called else out.finish_reason
+            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(), None, finish)]))
         return res
+
+    def _delta_message(self, idx: int, out) -> Optional[DeltaMessage]:
+        """The text delta as a message delta: content, and with tools the parser's tool-call entries (its
+        held-back text goes out at the choice's end). None when there is nothing to send."""
+        if not self.plan.active:
+            return DeltaMessage.model_construct(content=out.text_delta) if out.text_delta else None
+        parser = self.parsers.get(idx) or self.parsers.setdefault(idx, self.plan.parser())
+        d = parser.feed(out.text_delta)
+        if out.finish_reason:
+            end = parser.finish()
+            d.content += end.content
+            d.tool_calls = _merge_entries(d.tool_calls + end.tool_calls)
+        if d.tool_calls:
+            self.called.add(idx)
+            return DeltaMessage.model_construct(content=d.content or None, tool_calls=d.tool_calls)
+        return DeltaMessage.model_construct(content=d.content) if d.content else None
 
     def usage(self, u: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage=u)
+
+
+def _calls_finish(reason: Optional[str]) -> Optional[str]:
+    """A choice that ends in tool calls finishes "tool_calls" (not "stop"); a cut or a failure says so."""
+    return "tool_calls" if reason == "stop" else reason
+
+
+def _merge_entries(entries: list[dict]) -> list[dict]:
+    """One entry per call index (openai-python merges two of one index in a chunk wrongly): arguments joined."""
+    out: dict[int, dict] = {}
+    for e in entries:
+        if e["index"] not in out:
+            out[e["index"]] = {**e, "function": dict(e["function"])}
+        else:
+            f = out[e["index"]]["function"]
+            f["arguments"] = f.get("arguments", "") + e["function"].get("arguments", "")
+    return list(out.values())

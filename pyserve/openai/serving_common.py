@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional, Protocol
 
 from .context import Demand, RequestContext
 from .errors import OpenAIError, bad_request, from_engine, server_error
+from ..engine.structured import StructuredOutputsParams
 from .protocol import _Sampling
 from .responses import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob, Usage, usage
 from .served_model import ServedModel
@@ -48,7 +49,7 @@ async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req
                           prompts: list[list[int]], prompt_param: str) -> tuple[list[EngineRequest], object]:
     """One engine request per prompt (its n choices forked in the engine), each checked by the engine (its
     constraint compiled first), then admitted by the edge. Returns them with the admission ticket."""
-    await check_constraint(model, req)
+    await check_constraint(model, *req.structured())
     out, n = [], req.n_choices
     for p, ids in enumerate(prompts):
         params = req.to_sampling_params(max_tokens_for(model, req, len(ids), prompt_param))
@@ -63,10 +64,9 @@ async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req
     return out, ctx.admit(demand)
 
 
-async def check_constraint(model: ServedModel, req: _Sampling) -> None:
-    """Compiles the request's constraint (cached: the engine request reuses it): a 400 naming the field that
+async def check_constraint(model: ServedModel, so: Optional[StructuredOutputsParams], field_name: str) -> None:
+    """Compiles a request's constraint (cached: the engine request reuses it): a 400 naming the field that
     carried it, with the compiler's message, when it does not compile or asks what cannot be enforced."""
-    so, field_name = req.structured()
     try:
         await model.engine.compile_grammar(so)
     except ValueError as e:

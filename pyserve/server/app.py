@@ -64,7 +64,7 @@ class AppState:
     def set_engine(self, engine) -> None:
         c = self.config
         model = ServedModel.from_engine(engine, c.served_model_name, c.chat_template, c.trust_request_chat_template,
-                                        c.pooling, c.normalize_embeddings)
+                                        c.pooling, c.normalize_embeddings, c.tool_call_parser)
         self.metrics.serve_model(model.name, engine.stats)
         self.loaded = Serving(model)
 

@@ -24,3 +24,4 @@ class ServerConfig:
     trust_request_chat_template: bool = False  # render a template sent in a request (with CPU/memory limits)
     pooling: str = "last"  # /v1/embeddings: "last" (the last token's final-norm hidden state) or "mean"
     normalize_embeddings: bool = True
+    tool_call_parser: Optional[str] = None  # the tool-call family (None: detected from the chat template)

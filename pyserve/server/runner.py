@@ -62,6 +62,7 @@ class ServeOptions:
     trust_request_chat_template: bool = False
     pooling: str = "last"
     normalize_embeddings: bool = True
+    tool_call_parser: Optional[str] = None
 
 
 def _app(opts: ServeOptions):
@@ -79,7 +80,7 @@ def _app(opts: ServeOptions):
         max_body_size=opts.max_body_size, body_timeout=opts.body_timeout,
         stalled_client_timeout=opts.stalled_client_timeout,
         trust_request_chat_template=opts.trust_request_chat_template, pooling=opts.pooling,
-        normalize_embeddings=opts.normalize_embeddings))
+        normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser))
 
 
 def _hypercorn_config(opts: ServeOptions, metrics) -> HypercornConfig:
