@@ -25,7 +25,8 @@ _PROBE_TOOLS = [{"type": "function", "function": {
 
 
 def renders_tools(source: str) -> bool:
-    """Whether the template puts the ``tools`` it is given into the prompt (minja's capability probe)."""
+    """Whether the template puts the ``tools`` it is given into the prompt (minja's capability probe). It renders
+    without resource limits: for the operator's templates, not for one a request brings."""
     try:
         prompt = ChatTemplate(source, bos_token="", eos_token="").render(
             [{"role": "user", "content": "Hi"}], tools=_PROBE_TOOLS)
