@@ -17,6 +17,7 @@ _DECODER = json.JSONDecoder()
 _BAD = object()  # what _value returns for text that is not a JSON value
 _ARG_KEYS = ("arguments", "parameters")  # "parameters": Llama 3's name for the arguments
 _CALL_KEYS = ("name", "type", "id", *_ARG_KEYS)  # a call object's keys; a bare object must start with one
+_CLOSERS = {"{": "}", "[": "]", '"': '"'}
 
 
 @dataclass
@@ -46,12 +47,16 @@ class JsonCallParser(ToolParser):
     def _stream_args(self) -> Gen[bool]:
         """The JSON value at ``_pos`` as the open call's arguments, sent as it arrives; False if it is none."""
         start = sent = self._pos
+        closer = _CLOSERS.get(self._buf[start])
         while True:
-            try:
-                _, end = _DECODER.raw_decode(self._buf, start)
-            except ValueError:
-                end = None
-            if end is not None and (end < len(self._buf) or self._final or self._buf[start] in '{["'):
+            end = None
+            # an object, list or string can only end in new text that holds its closer: decode again only then
+            if closer is None or self._final or self._buf.find(closer, sent) >= 0:
+                try:
+                    _, end = _DECODER.raw_decode(self._buf, start)
+                except ValueError:
+                    pass
+            if end is not None and (end < len(self._buf) or self._final or closer is not None):
                 self._args(self._buf[sent:end], end)
                 self._pos = end
                 return True
