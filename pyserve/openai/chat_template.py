@@ -34,7 +34,8 @@ from jinja2 import nodes
 from jinja2.exceptions import TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "builtin_gemma_template", "clear_template_cache"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "builtin_gemma_template", "clear_template_cache",
+           "decode_tool_call_arguments"]
 
 #: Number of compiled templates kept (keyed by environment and source).
 TEMPLATE_CACHE_SIZE = 32
@@ -163,6 +164,31 @@ def _clean_messages(messages: Any) -> list:
     if isinstance(messages, (str, bytes, Mapping)) or messages is None:
         raise ChatTemplateError("messages must be a list of message objects", kind="input")
     return [{k: v for k, v in m.items() if v is not None} if isinstance(m, Mapping) else m for m in messages]
+
+
+def decode_tool_call_arguments(messages: list[dict]) -> list[dict]:
+    """OpenAI-shaped messages made into what chat templates expect of tool calls (what transformers' callers pass):
+    an assistant message's ``tool_calls[i].function.arguments`` JSON text decoded to its value (text that is not
+    JSON stays as it is) and its null ``content`` as "" (Qwen3's and Granite's templates read it). Messages
+    without ``tool_calls`` are passed through; the others are copied, never changed in place."""
+    out = []
+    for m in messages:
+        if isinstance(m, Mapping) and isinstance(m.get("tool_calls"), list):
+            m = {**m, "content": "" if m.get("content") is None else m["content"],
+                 "tool_calls": [_decoded_call(call) for call in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
+def _decoded_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 class ChatTemplate:
