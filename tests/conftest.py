@@ -22,3 +22,21 @@ def llm(model_path):
     from pyserve import LLM
 
     return LLM(model_path, n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """`pyserve serve` with the default model on a loopback port, for one module; it must exit 0 (a module
+    that needs other flags defines its own `server`)."""
+    from pyserve.bench.launch import ServerProcess
+
+    s = ServerProcess().wait_ready()
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

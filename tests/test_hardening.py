@@ -114,7 +114,8 @@ def test_completion_validation(body, param):
 def test_valid_requests_pass():
     r = parse_chat({"messages": [{"role": "developer", "content": "be brief"},
                                  {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                                 {"role": "assistant", "content": None}, {"role": "tool", "content": "42"}],
+                                 {"role": "assistant", "content": None},
+                                 {"role": "tool", "tool_call_id": "call_1", "content": "42"}],
                     "temperature": 2, "top_p": 1, "n": 16, "logprobs": True, "top_logprobs": 20,
                     "stop": ["a"] * 16, "logit_bias": {"5": -100, "7": 100}, "seed": -1})
     params = r.to_sampling_params()

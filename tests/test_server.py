@@ -234,8 +234,7 @@ def test_errors(server, client):
     err("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, code="model_not_found")
     err("/v1/completions", {"prompt": "x", "max_tokens": 9000}, 400, code="context_length_exceeded")
     err("/v1/completions", {"prompt": [5, 999999999]}, 400, param="prompt")
-    err("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-        param="tools")
+    err("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, 400, param="tool_choice")
     err("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_xml"}}, 400,
         param="response_format")
     err("/v1/chat/completions", {"messages": CHAT, "stream_options": {"include_usage": True}}, 400)

@@ -166,11 +166,15 @@ def test_the_sampler_masks_as_a_numpy_reference(llm):
 # ---- batched beside other requests (AsyncLLM, one engine) ----
 
 async def _collect(engine: AsyncLLM, prompt: str, params: SamplingParams) -> list[tuple]:
-    out: dict[int, list] = {}
+    """Per sample: its tokens, their logprobs and its finish reason (however the deltas were grouped)."""
+    tokens: dict[int, list] = {}
+    logprobs: dict[int, list] = {}
+    finish: dict[int, str] = {}
     async for o in engine.generate(prompt, params):
-        out.setdefault(o.index, []).append((tuple(o.token_ids_delta), o.finish_reason,
-                                            json.dumps(o.logprobs_delta, sort_keys=True, default=str)))
-    return [tuple(out[i]) for i in sorted(out)]
+        tokens.setdefault(o.index, []).extend(o.token_ids_delta)
+        logprobs.setdefault(o.index, []).extend(o.logprobs_delta or ())
+        finish[o.index] = o.finish_reason or finish.get(o.index)
+    return [(tokens[i], logprobs[i], finish[i]) for i in sorted(tokens)]
 
 
 async def test_unconstrained_outputs_are_identical_beside_constrained_ones(llm):

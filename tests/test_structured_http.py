@@ -14,7 +14,6 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from pyserve.bench.launch import ServerProcess
 
 
 class Person(BaseModel):
@@ -32,18 +31,6 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", 
           "properties": {"city": {"type": "string", "maxLength": 20}, "rank": {"type": "integer", "minimum": 1,
                                                                                "maximum": 10}}}
 ASK = [{"role": "user", "content": "Name a city and its rank as JSON."}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess().wait_ready()
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def post(server, path: str, **body) -> httpx.Response:

@@ -17,18 +17,18 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from .tokenizer import Tokenizer
 
-__all__ = ["StructuredOutputsParams", "GrammarCompiler"]
+__all__ = ["StructuredOutputsParams", "GrammarCompiler", "map_schemas"]
 
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_CACHE_SIZE = 64
+_CACHE_SIZE = 64  # compiled grammars kept per model (agents send the same schema again and again)
 # An integer the schema leaves unbounded stays within ±(2^53 - 1), the range every JSON parser keeps exactly
 # (I-JSON, RFC 7493): without a bound, a small model can write digits until max_tokens.
 _SAFE_INT = 2**53 - 1
-_VALUE_KEYS = frozenset({"enum", "const", "default", "examples"})  # hold instances, not schemas  # compiled grammars kept per model (agents send the same schema again and again)
+_VALUE_KEYS = frozenset({"enum", "const", "default", "examples"})  # hold instances, not schemas
 
 
 @dataclass(frozen=True)
@@ -96,20 +96,29 @@ def _parse_schema(schema: Union[str, dict]) -> dict:
     return value
 
 
-def _bound_integers(schema: Any) -> Any:
-    """A copy of the schema where every integer without a bound on a side gets the I-JSON one."""
+def map_schemas(schema: Any, fn: Callable[[dict], dict]) -> Any:
+    """A copy of the schema with fn applied to every (sub)schema object, innermost first; instances (enum,
+    const, default, examples) are left as they are."""
     if isinstance(schema, list):
-        return [_bound_integers(s) for s in schema]
+        return [map_schemas(s, fn) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: v if k in _VALUE_KEYS else _bound_integers(v) for k, v in schema.items()}
-    t = out.get("type")
+    return fn({k: v if k in _VALUE_KEYS else map_schemas(v, fn) for k, v in schema.items()})
+
+
+def _bound_integers(schema: Any) -> Any:
+    """Every integer without a bound on a side gets the I-JSON one."""
+    return map_schemas(schema, _bound_integer)
+
+
+def _bound_integer(s: dict) -> dict:
+    t = s.get("type")
     if t == "integer" or (isinstance(t, list) and "integer" in t):
-        if "minimum" not in out and "exclusiveMinimum" not in out:
-            out["minimum"] = -_SAFE_INT
-        if "maximum" not in out and "exclusiveMaximum" not in out:
-            out["maximum"] = _SAFE_INT
-    return out
+        if "minimum" not in s and "exclusiveMinimum" not in s:
+            s["minimum"] = -_SAFE_INT
+        if "maximum" not in s and "exclusiveMaximum" not in s:
+            s["maximum"] = _SAFE_INT
+    return s
 
 
 class GrammarCompiler:

@@ -2,14 +2,13 @@
 the fields; `/openapi.json` is generated from the same models (openapi.py).
 
 A body is parsed and validated in one pass of pydantic's JSON parser (`parse_body`), in strict mode (no "1"
-for 1, no true for 1). Unknown fields are accepted and ignored (the first few names are logged once). A validation error becomes OpenAI's
-error JSON with `param` taken from the error's location (errors.from_validation). Rules that tie two fields
-together raise OpenAIError from a model validator (pydantic passes it through untouched). `to_sampling_params`
-is the only bridge to the engine.
+for 1, no true for 1). Unknown fields are accepted and ignored (the first few names are logged once). A
+validation error becomes OpenAI's error JSON with `param` taken from the error's location
+(errors.from_validation). Rules that tie two fields together raise OpenAIError from a model validator (pydantic
+passes it through untouched). `to_sampling_params` is the only bridge to the engine.
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -98,15 +97,13 @@ class ChatMessage(_Model):
 
     def for_template(self) -> dict:
         """The message as templates see it: text parts joined into one string, None-valued keys dropped,
-        `developer` as `system` (what templates know), a tool call's arguments as the object templates
-        index into (`tool_call.function.arguments | tojson`, as transformers passes them)."""
+        `developer` as `system` (what templates know); chat_template.decode_tool_call_arguments then makes
+        tool calls what templates expect."""
         m = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             m["content"] = "\n".join(p.text or "" for p in self.content)
         if self.role == "developer":
             m["role"] = "system"
-        for call in m.get("tool_calls") or ():
-            call["function"]["arguments"] = _arguments_object(call["function"]["arguments"])
         return m
 
     def text_bytes(self) -> int:
@@ -114,14 +111,6 @@ class ChatMessage(_Model):
         if isinstance(self.content, str):
             return len(self.content.encode()) + calls
         return sum(len((p.text or "").encode()) for p in self.content or ()) + calls
-
-
-def _arguments_object(arguments: str) -> Any:
-    """A tool call's JSON arguments as a value; text that is not JSON stays text."""
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
 
 
 def _check_messages(messages: list[ChatMessage]) -> list[ChatMessage]:

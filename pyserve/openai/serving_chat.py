@@ -6,7 +6,7 @@ from typing import AsyncIterator, Optional, Union
 
 import trio
 
-from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_template import ChatTemplate, ChatTemplateError, decode_tool_call_arguments
 from .context import RequestContext
 from .errors import bad_request
 from .protocol import ChatCompletionRequest, ChatMessage
@@ -57,7 +57,7 @@ class ChatServing:
         kind = self._template_kind(template)
         source = template if template is not None else self.model.chat_template
         special = self.model.tokenizer.special_texts()
-        dicts = [m.for_template() for m in messages]
+        dicts = decode_tool_call_arguments([m.for_template() for m in messages])
         if plan is not None:
             dicts = plan.messages(dicts)
         tools = plan.template_tools() if plan is not None else None

@@ -21,13 +21,13 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..engine.structured import StructuredOutputsParams
+from ..engine.structured import StructuredOutputsParams, map_schemas
 from .protocol import ChatCompletionRequest
 from .tool_parsers import ToolParser, get_tool_parser
 
 ENVELOPE_PARSER = "json_envelope"
-# Calls in one answer when parallel calls are allowed: a bound, so that a small model cannot add calls until
-# max_tokens (OpenAI states none; 8 is more than any client's loop runs in one turn)
+# Calls in one answer when parallel calls are allowed: one per tool plus one (the weather in two cities),
+# at most 8. A bound, so that a small model cannot repeat calls until max_tokens; OpenAI states none.
 MAX_PARALLEL_CALLS = 8
 
 
@@ -83,7 +83,8 @@ class ToolPlan:
         return self.constraint() or (StructuredOutputsParams(json=self._calls()) if self.active else None)
 
     def _calls(self) -> dict:
-        return _calls_schema(self.tools, 1 if self.mode == "named" or not self.parallel else MAX_PARALLEL_CALLS)
+        parallel = min(MAX_PARALLEL_CALLS, len(self.tools) + 1)
+        return _calls_schema(self.tools, 1 if self.mode == "named" or not self.parallel else parallel)
 
     def parser(self, new_id: Optional[Callable[[], str]] = None) -> Optional[ToolParser]:
         """A fresh parser for one choice's output (None: the output is plain content)."""
@@ -107,18 +108,15 @@ def _calls_schema(tools: list[dict], max_calls: int) -> dict:
             "additionalProperties": False}
 
 
-def _closed(schema):
+def _closed(schema: dict) -> dict:
     """The schema with `additionalProperties: false` on every object that lists its properties and says
     nothing of others (what OpenAI's strict mode asks of a schema): still valid against the tool's schema,
     and a small model cannot invent arguments until max_tokens."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: v if k in ("enum", "const", "default", "examples") else _closed(v) for k, v in schema.items()}
-    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+    def close(s: dict) -> dict:
+        if isinstance(s.get("properties"), dict) and "additionalProperties" not in s:
+            s["additionalProperties"] = False
+        return s
+    return map_schemas(schema, close)
 
 
 def _instruction(tools: list[dict], mode: str) -> str:
