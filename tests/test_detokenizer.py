@@ -155,3 +155,21 @@ def test_stream_is_incremental(gemma):
     out = "".join(detok.add(i) for i in ids) + detok.flush()
     assert out == gemma.decode(ids)
     assert detok.n_tokens == len(ids)
+
+
+def test_the_token_that_stops_a_sample_writes_no_text(gemma):
+    """With special tokens kept (a tool parser reading [TOOL_CALLS]-like markers), the end-of-generation token
+    that ends the sample, or a stop_token_id, is not text (vLLM's rule); another special token is."""
+    from pyserve.engine.output_processor import RequestState
+    from pyserve.engine.sampling_params import SamplingParams
+
+    ids = gemma.encode("<start_of_turn>Hi", add_special=False, parse_special=True)
+    eot = gemma.token_to_id("<end_of_turn>")
+    params = SamplingParams(skip_special_tokens=False, stop_token_ids=[ids[-1]])
+    state = RequestState.for_params(gemma, [], params)
+    text = "".join(state.process(t, 0.0, [], "").text for t in ids[:-1])
+    assert state.process(eot, 0.0, [], "stop").text == "" and text == "<start_of_turn>"
+    other = RequestState.for_params(gemma, [], params)
+    assert other.process(ids[-1], 0.0, [], "stop").text == ""  # a stop_token_id, normal or not
+    assert RequestState.for_params(gemma, [], SamplingParams(skip_special_tokens=False, ignore_eos=True)).process(
+        eot, 0.0, [], "length").text == "<end_of_turn>"

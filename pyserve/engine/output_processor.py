@@ -25,8 +25,9 @@ class RequestState:
     """One sample's text state. Stop strings only count from the `min_tokens`-th token on (vLLM's rule)."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], stop: list[str], want_logprobs: bool,
-                 skip_special: bool = True, min_tokens: int = 0):
+                 skip_special: bool = True, min_tokens: int = 0, stop_ids: frozenset = frozenset()):
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special=skip_special)
+        self.stop_ids = stop_ids  # a token that ends the sample ("stop") writes no text, special or not (vLLM)
         self.stops = StopStrings(stop)
         self.want_logprobs = want_logprobs
         self.min_tokens = min_tokens
@@ -35,8 +36,10 @@ class RequestState:
 
     @classmethod
     def for_params(cls, tokenizer: Tokenizer, prompt_ids: list[int], params) -> "RequestState":
+        eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)
+        stop_ids = frozenset(params.stop_token_ids) | eos
         return cls(tokenizer, prompt_ids, params.stop, params.logprobs is not None, params.skip_special_tokens,
-                   params.min_tokens)
+                   params.min_tokens, stop_ids)
 
     def process(self, token: int, logprob: float, top: list, finish_reason: str) -> Delta:
         """One engine output. A stop-string match sets finish_reason 'stop' (the caller aborts the request)."""
@@ -48,7 +51,7 @@ class RequestState:
                 entry.update({tid: lp for tid, lp in top if tid not in entry})
                 d.logprobs = [entry]
             self.n_tokens += 1
-            text = self.detok.add(token)
+            text = "" if finish_reason == "stop" and token in self.stop_ids else self.detok.add(token)
             d.text = self.stops.feed(text) if self.n_tokens >= self.min_tokens else text
             if self.stops.matched is not None:
                 self.finish_reason = d.finish_reason = "stop"

@@ -31,6 +31,8 @@ class ChatServing:
         plan = ToolPlan.of(req, self.tool_parser(req.chat_template))
         await check_constraint(self.model, plan.check(), "tools")
         req.use_tools(plan.constraint())
+        if plan.reads_markers and req.skip_special_tokens is None:
+            req.skip_special_tokens = False  # [TOOL_CALLS], <|python_tag|>: control tokens the parser must see
         text = await self.render(req.messages, req.chat_template, req.chat_template_kwargs,
                                  req.add_generation_prompt, req.continue_final_message, plan)
         rid = ctx.response_id("chatcmpl")

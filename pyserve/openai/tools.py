@@ -52,6 +52,11 @@ class ToolPlan:
     def active(self) -> bool:
         return self.mode != "none"
 
+    @property
+    def reads_markers(self) -> bool:
+        """The output is free text read by the family's parser (its markers may be special tokens)."""
+        return self.native and self.mode == "auto"
+
     def template_tools(self) -> Optional[list[dict]]:
         """`tools` for a native template (OpenAI's shape, as transformers passes them)."""
         if not (self.native and self.active):
@@ -70,7 +75,7 @@ class ToolPlan:
 
     def constraint(self) -> Optional[StructuredOutputsParams]:
         """The grammar the answer is drawn under (None: free text)."""
-        if not self.active or (self.native and self.mode == "auto"):
+        if not self.active or self.reads_markers:
             return None
         calls = self._calls()
         if self.mode == "auto":
@@ -90,7 +95,7 @@ class ToolPlan:
         """A fresh parser for one choice's output (None: the output is plain content)."""
         if not self.active:
             return None
-        name = self.parser_name if self.native and self.mode == "auto" else ENVELOPE_PARSER
+        name = self.parser_name if self.reads_markers else ENVELOPE_PARSER
         return get_tool_parser(name)(new_id=new_id)
 
 
