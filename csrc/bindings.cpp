@@ -370,12 +370,12 @@ py::dict config_dict(const EngineConfig& c) {
   return py::dict(py::arg("n_threads") = c.n_threads, py::arg("n_ctx") = c.n_ctx,
                   py::arg("num_kv_blocks") = c.num_kv_blocks, py::arg("block_size") = c.block_size,
                   py::arg("max_num_seqs") = c.max_num_seqs, py::arg("max_batched_tokens") = c.max_batched_tokens,
-                  py::arg("enable_prefix_caching") = c.enable_prefix_caching);
+                  py::arg("enable_prefix_caching") = c.enable_prefix_caching, py::arg("step_target") = c.step_target);
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int n_ctx, int num_kv_blocks,
                                     size_t kv_cache_memory, int block_size, int max_num_seqs, int max_batched_tokens,
-                                    bool enable_prefix_caching) {
+                                    bool enable_prefix_caching, double step_target) {
   EngineConfig c;
   c.n_threads = n_threads;
   c.n_ctx = n_ctx;
@@ -385,6 +385,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int 
   c.max_num_seqs = max_num_seqs;
   c.max_batched_tokens = max_batched_tokens;
   c.enable_prefix_caching = enable_prefix_caching;
+  c.step_target = step_target;
   py::gil_scoped_release nogil;
   return std::make_unique<Engine>(path, c);
 }
@@ -518,7 +519,8 @@ py::dict engine_stats(Engine& e) {
                   py::arg("tokens_computed") = s.tokens_computed,
                   py::arg("prefix_cache_queries") = s.prefix_cache_queries,
                   py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached,
-                  py::arg("grammar_matchers") = s.grammar_matchers);
+                  py::arg("grammar_matchers") = s.grammar_matchers, py::arg("step_cost") = s.step_cost,
+                  py::arg("last_step_s") = s.last_step_s);
 }
 
 void bind_engine(py::module_& m) {
@@ -527,7 +529,7 @@ void bind_engine(py::module_& m) {
       .def(py::init(&make_engine), py::arg("path"), py::arg("n_threads") = 0, py::arg("n_ctx") = 0,
            py::arg("num_kv_blocks") = 0, py::arg("kv_cache_memory") = 0, py::arg("block_size") = 16,
            py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512,
-           py::arg("enable_prefix_caching") = true)
+           py::arg("enable_prefix_caching") = true, py::arg("step_target") = 0.0)
       .def_property_readonly("hparams", [](const Engine& e) { return hparams_dict(e.hparams()); })
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
@@ -607,6 +609,14 @@ class SchedulerSim {
       : bm_(num_blocks, block_size, prefix_caching),
         sched_(SchedulerConfig{max_num_seqs, max_batched_tokens, block_size}, bm_),
         max_num_seqs_(max_num_seqs) {}
+
+  // Plans against a fixed step-cost model: MACs per row / sampled row / context position, a floor (s) and a
+  // rate (s per GMAC).
+  void set_step_target(double seconds, const std::array<double, 3>& macs, double floor_s, double s_per_gmac) {
+    cost_ = StepCostModel(StepMacs{macs[0], macs[1], macs[2]});
+    cost_.set_weights(floor_s, s_per_gmac);
+    sched_.set_step_target(seconds, &cost_);
+  }
 
   void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n) {
     if (tokens.empty() || max_tokens < 1 || n < 1 || n > max_num_seqs_)
@@ -710,6 +720,7 @@ class SchedulerSim {
 
   BlockManager bm_;  // before sched_, which holds a reference to it
   Scheduler sched_;
+  StepCostModel cost_;
   std::map<std::string, std::vector<std::unique_ptr<Sequence>>> groups_;
   int max_num_seqs_;
 };
@@ -758,6 +769,10 @@ void bind_runtime(py::module_& m) {
            "-> {scheduled: [(id, index, n_computed, n_tokens, sample)], copies: [(src, dst)], "
            "tokens: [(id, index, token)], finished: [(id, index)]}")
       .def("has_work", &SchedulerSim::has_work)
+      .def("set_step_target", &SchedulerSim::set_step_target, py::arg("seconds"), py::arg("macs"),
+           py::arg("floor_s"), py::arg("s_per_gmac"),
+           "plan each step under `seconds` with a fixed cost model: macs = (per row, per sampled row, per "
+           "context position), step time = floor_s + s_per_gmac × GMACs")
       .def("running", &SchedulerSim::running, "[(id, index)] in admission order")
       .def("waiting", &SchedulerSim::waiting, "[(id, index)], next first")
       .def("table", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).blocks.blocks; },

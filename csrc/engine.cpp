@@ -52,6 +52,16 @@ StepOutput output_of(const Sequence& s, int index, double t) {
   return o;
 }
 
+// The model's multiply-adds per row, per sampled row and per position of attended context.
+StepMacs step_macs(const HParams& hp) {
+  StepMacs m;
+  m.per_row = hp.n_layer * ((double)hp.n_embd * ((hp.n_head + 2.0 * hp.n_head_kv) * hp.head_dim + 3.0 * hp.n_ff) +
+                            (double)hp.n_head * hp.head_dim_v * hp.n_embd);
+  m.per_logit = (double)hp.n_embd * hp.n_vocab;
+  m.per_context = (double)hp.n_layer * hp.n_head * (hp.head_dim + hp.head_dim_v);  // q·k, then weights·v
+  return m;
+}
+
 }  // namespace
 
 Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
@@ -69,6 +79,11 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  cost_ = StepCostModel(step_macs(hp));
+  if (cfg_.step_target > 0) {
+    calibrate();
+    scheduler_->set_step_target(cfg_.step_target, &cost_);
+  }
   snapshot_stats();
   int64_t eos = file_->get_int("tokenizer.ggml.eos_token_id", -1);
   if (eos >= 0) eos_ids_.push_back((int32_t)eos);
@@ -277,6 +292,7 @@ std::vector<StepOutput> Engine::step() {
     if (s.seq->first_scheduled == 0.0) s.seq->first_scheduled = t_sched;
   for (const BlockCopy& c : sched.copies) kv_->copy_block(c.first, c.second);
   build_batch(sched);
+  const StepShape shape = shape_of(sched);  // before the step moves (or frees) its sequences
   model_->forward(batch_, *kv_, *pool_, logits_, &hidden_);
   record_rows(sched);
   steps_++;
@@ -299,8 +315,39 @@ std::vector<StepOutput> Engine::step() {
     for (Sequence* d : drawers) draws.emplace_back(d, logits);
   }
   sample_draws(draws, t_step, out);
+  last_step_s_ = monotonic_now() - t_sched;
+  cost_.observe(shape, last_step_s_);
   snapshot_stats();
   return out;
+}
+
+StepShape Engine::shape_of(const Schedule& sched) const {
+  StepShape s;
+  for (const ScheduledSeq& q : sched.seqs) s.add(q.n_tokens, q.seq->n_computed, false);
+  s.logit_rows = (int)batch_.logit_rows.size();
+  return s;
+}
+
+
+// Two scratch forwards after an unmeasured warm-up (one row; 64 rows, one sampled) seed the step-cost model
+// with this machine's floor and rate; the real steps refine both.
+void Engine::calibrate() {
+  const int32_t tok = model_->hparams().n_vocab > 1 ? 1 : 0;
+  const int room = std::min(cfg_.n_ctx, cfg_.num_kv_blocks * cfg_.block_size);
+  if (room < 64) return;  // the prior, then the steps
+  prompt_logits(std::vector<int32_t>(32, tok), {0});  // pages and caches in
+  double t[2];
+  StepShape s[2];
+  for (int k = 0; k < 2; k++) {
+    const int n = k ? 64 : 1;
+    s[k].add(n, 0, true);
+    const double t0 = monotonic_now();
+    prompt_logits(std::vector<int32_t>(n, tok), {n - 1});
+    t[k] = monotonic_now() - t0;
+  }
+  const StepMacs m = step_macs(model_->hparams());
+  const double rate = std::max((t[1] - t[0]) / ((s[1].macs(m) - s[0].macs(m)) * 1e-9), 1e-6);
+  cost_.set_weights(std::max(t[0] - rate * s[0].macs(m) * 1e-9, 0.0), rate);
 }
 
 void Engine::build_batch(const Schedule& sched) {
@@ -424,6 +471,8 @@ void Engine::snapshot_stats() {
   s.steps = steps_;
   s.tokens_computed = tokens_computed_;
   s.grammar_matchers = Matcher::live();
+  s.step_cost = cost_.weights();
+  s.last_step_s = last_step_s_;
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = s;
 }

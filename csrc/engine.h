@@ -16,6 +16,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "scheduler.h"
+#include "step_cost.h"
 #include "threadpool.h"
 
 namespace pyserve {
@@ -29,6 +30,9 @@ struct EngineConfig {
   int max_num_seqs = 64;
   int max_batched_tokens = 512;
   bool enable_prefix_caching = true;
+  // > 0 (seconds): each step beside decodes takes only the prompt tokens that keep its predicted time under
+  // this (scheduler.h); the predictor is calibrated at load and refitted on every step. 0: the token budget.
+  double step_target = 0.0;
 };
 
 struct Request {
@@ -75,6 +79,8 @@ struct EngineStats {
   uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // tokens looked up at admission, tokens found
   int blocks_cached = 0;                                      // cached blocks no sequence holds (reusable)
   int64_t grammar_matchers = 0;                               // live matchers in the process (Matcher::live)
+  std::array<double, 2> step_cost{};                          // StepCostModel's floor (s) and rate (s per GMAC)
+  double last_step_s = 0.0;                                   // wall time of the last step
 };
 
 class Engine {
@@ -127,6 +133,8 @@ class Engine {
   void sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step, std::vector<StepOutput>& out);
   void finish(Sequence* seq);
   void snapshot_stats();
+  void calibrate();                           // a few scratch forwards seed the step-cost model
+  StepShape shape_of(const Schedule& sched) const;
 
   EngineConfig cfg_;
   std::shared_ptr<GGUFFile> file_;
@@ -151,6 +159,8 @@ class Engine {
   std::vector<float> score_logits_;            // [≤ kScoreRows × n_vocab]: prompt rows' logits, a slice at a time
   std::vector<ScoreScratch> score_scratch_;    // per thread
   uint64_t steps_ = 0, tokens_computed_ = 0;
+  StepCostModel cost_;
+  double last_step_s_ = 0.0;
 };
 
 }  // namespace pyserve

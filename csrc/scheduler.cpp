@@ -39,13 +39,35 @@ void Scheduler::fork(Sequence* parent, Sequence* child) {
   running_.push_back(child);
 }
 
+Scheduler::PrefillBudget Scheduler::prefill_budget() const {
+  if (target_ <= 0 || !cost_) return {};
+  StepShape decodes;
+  for (const Sequence* seq : running_)
+    if (seq->n_pending() == 1) decodes.add(1, seq->n_computed, !seq->prefill_only());
+  if (decodes.tokens == 0) return {};  // nothing streams: prompts go at the token budget's pace
+  return {true, target_ - cost_->predict(decodes)};
+}
+
+// Up to `want` tokens of seq's prompt from position `start` within b (the first chunk of a step gets at least
+// min_prefill_chunk); b is charged what they cost.
+int Scheduler::prefill_take(PrefillBudget& b, const Sequence* seq, int start, int want) {
+  if (!b.bounded) return want;
+  const bool last = start + want == (int)seq->tokens.size() && !seq->prefill_only();
+  int n = cost_->tokens_within(b.seconds, start, want, last);
+  if (!b.floor_given) n = std::max(n, std::min(want, cfg_.min_prefill_chunk)), b.floor_given = true;
+  b.seconds -= cost_->chunk_cost(n, start, last && n == want);
+  return n;
+}
+
 Schedule Scheduler::schedule() {
   Schedule out;
   int budget = cfg_.max_batched_tokens;
+  PrefillBudget time = prefill_budget();
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; i++) {
     Sequence* seq = running_[i];
     int n = std::min(seq->n_pending(), budget);
+    if (n > 1) n = prefill_take(time, seq, seq->n_computed, n);  // a prompt still being computed
     if (n <= 0) continue;
     // Free blocks by preempting the newest running sequences (never one already scheduled).
     bool ok;
@@ -76,7 +98,8 @@ Schedule Scheduler::schedule() {
     prefix.resize(std::min<size_t>(prefix.size(), cacheable / cfg_.block_size));
     int hit = (int)prefix.size() * cfg_.block_size;
     int n = std::min((int)seq->tokens.size() - hit, budget);
-    if (!blocks_.can_allocate(prefix, hit + n)) break;
+    if (n > 1) n = prefill_take(time, seq, hit, n);
+    if (n <= 0 || !blocks_.can_allocate(prefix, hit + n)) break;
     waiting_.pop_front();
     blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, cacheable > 0);
     seq->n_computed = hit;

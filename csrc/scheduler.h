@@ -5,6 +5,9 @@
 // prompt logprobs compute their rows). When KV blocks run out, the most recently admitted running sequence is preempted: its blocks are
 // released (full computed ones stay cached) and it waits again, to be recomputed from its tokens.
 //
+// With a step-time target (Sarathi-Serve's stall-free batching): decodes first, each one token, then chunks
+// of prompts (running ones in admission order, then waiting ones) in the time the decodes leave.
+//
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
 #pragma once
@@ -14,13 +17,15 @@
 
 #include "block_manager.h"
 #include "sequence.h"
+#include "step_cost.h"
 
 namespace pyserve {
 
 struct SchedulerConfig {
   int max_num_seqs = 64;          // running sequences at most (a request of n samples counts n)
-  int max_batched_tokens = 512;   // tokens per step at most
+  int max_batched_tokens = 512;   // tokens per step at most (a hard cap, with or without a step target)
   int block_size = 16;            // tokens per KV block
+  int min_prefill_chunk = 16;     // with a step target: the least a step beside decodes gives prompts
 };
 
 struct ScheduledSeq {
@@ -42,6 +47,10 @@ class Scheduler {
   void add(Sequence* seq);                   // queues a new sequence (WAITING)
   void remove(Sequence* seq);                // from whichever queue; releases its blocks
   Schedule schedule();                       // the next step; empty when there is nothing to do
+  // seconds > 0 with a predictor (owned by the caller): a step beside decodes takes only the prompt tokens
+  // its predicted time leaves room for under `seconds` (at least min_prefill_chunk, so prompts always
+  // progress); a step without decodes takes up to max_batched_tokens. 0 or null: the token budget alone.
+  void set_step_target(double seconds, const StepCostModel* cost) { target_ = seconds, cost_ = cost; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
   void computed(Sequence* seq, int n);
   // child (fresh, same tokens as the running parent) joins the running set sharing the parent's blocks.
@@ -56,6 +65,14 @@ class Scheduler {
 
  private:
   void preempt(Sequence* seq);
+  // Prompt tokens a step may still take: the time the step target leaves after the decodes.
+  struct PrefillBudget {
+    bool bounded = false;      // false: no target, or no decodes in the step (the token budget alone)
+    double seconds = 0.0;      // what the step target leaves for prompt chunks
+    bool floor_given = false;  // the step's first chunk got its min_prefill_chunk
+  };
+  PrefillBudget prefill_budget() const;
+  int prefill_take(PrefillBudget& b, const Sequence* seq, int start, int want);  // tokens, and charges b
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;
@@ -63,6 +80,8 @@ class Scheduler {
   std::vector<Sequence*> running_;  // in admission order
   uint64_t preemptions_ = 0;
   uint64_t admitted_ = 0;
+  double target_ = 0.0;
+  const StepCostModel* cost_ = nullptr;
 };
 
 }  // namespace pyserve

@@ -18,8 +18,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     kv.add_argument("--kv-cache-memory", type=_bytes, default=0, help="KV cache size in bytes (K/M/G suffixes allowed)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per engine step: a smaller budget cuts long prompts into more chunks, so running "
-                        "streams wait less for new prompts (default: 128 for serve, 512 for generate)")
+                   help="tokens per engine step at most (default 512); with --target-itl a hard cap, without it "
+                        "the budget (a smaller one cuts prompts into more chunks, so streams wait less)")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -49,7 +49,7 @@ def _bytes(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server.runner import ServeOptions, run
+    from .server.runner import DEFAULT_TARGET_ITL, ServeOptions, run
 
     return run(ServeOptions(model=args.model, host=args.host, port=args.port,
                             served_model_name=args.served_model_name, chat_template=args.chat_template,
@@ -63,7 +63,8 @@ def _serve(args: argparse.Namespace) -> int:
                             stalled_client_timeout=args.stalled_client_timeout, n_threads=args.threads,
                             n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-                            max_num_batched_tokens=args.max_num_batched_tokens or 128,
+                            max_num_batched_tokens=args.max_num_batched_tokens or 512,
+                            target_itl=DEFAULT_TARGET_ITL if args.target_itl is None else args.target_itl,
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
                             tool_call_parser=args.tool_call_parser))
@@ -95,6 +96,10 @@ def _serve_parser(sub) -> None:
                      help="/v1/embeddings: the last token's final-norm hidden state (vLLM's default for decoder "
                           "models) or the mean over the prompt")
     srv.add_argument("--no-normalize-embeddings", action="store_true", help="embeddings without L2 normalisation")
+    srv.add_argument("--target-itl", type=float, default=None, metavar="SECONDS",
+                     help="step-time target while streams run: each step takes only the prompt tokens that keep "
+                          "its predicted time under this, so inter-token latency holds under load (default 0.030; "
+                          "0: the fixed --max-num-batched-tokens budget)")
     srv.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS), metavar="NAME",
                      help="how the model writes tool calls: " + ", ".join(sorted(TOOL_PARSERS)) +
                           " (default: detected from the chat template; a template that renders no tools gets "

@@ -30,6 +30,16 @@ def test_chunked_prefill_equals_alone(model_path, alone):
     assert run_all(small, PROMPTS) == alone
 
 
+def test_budgets_that_change_every_step_equal_alone(model_path, alone):
+    """A step-time target sizes each step's prompt chunks from the decodes beside them and the fitted cost
+    model (timing-dependent: different every run and every step); outputs stay bit-identical."""
+    planned = LLM(model_path, n_threads=2, max_num_batched_tokens=64, target_itl=0.004)
+    long = [p * 6 for p in PROMPTS]  # prompts of ~100 tokens: several chunks each, beside running decodes
+    assert run_all(planned, PROMPTS + long)[:len(PROMPTS)] == alone
+    assert run_all(planned, long) == [run_all(planned, [p])[0] for p in long]
+    assert planned.engine.stats()["step_cost"][1] > 0  # the fitted compute rate, s per GMAC
+
+
 def test_preemption_keeps_outputs(model_path, alone):
     # 6 blocks of 4 tokens: two sequences of ~20 tokens cannot both fit, so the newest is preempted.
     tiny = LLM(model_path, n_threads=2, num_kv_blocks=12, block_size=4)

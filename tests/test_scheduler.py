@@ -200,3 +200,42 @@ def test_random_add_abort_leaves_no_blocks():
     s = sim.stats()
     assert (s["blocks_used"], s["running"], s["waiting"]) == (0, 0, 0)
     assert s["prefix_cache_hits"] > 0 and s["preemptions"] > 0
+
+
+# ---- a step-time target (Sarathi-Serve's stall-free batching) with a fixed cost model ----
+# MACs per row, per sampled row, per context position: with 1 s per GMAC a row costs 1 ms, a sampled row 2 ms
+# more, attention nothing
+MACS = (1e6, 2e6, 0.0)
+
+
+def test_a_step_beside_decodes_takes_the_prompt_tokens_the_target_leaves():
+    sim = _engine.SchedulerSim(256, 4, max_batched_tokens=64)
+    sim.set_step_target(0.010, MACS, 0.001, 1.0)  # 1 s per GMAC: 1 ms a row, 2 ms more a sampled row
+    sim.add("a", toks(40), 50)
+    assert sched(sim.step()) == [("a", 0, 0, 40, True)]  # nothing streams: the token budget alone
+    sim.add("b", toks(30, 500), 5)
+    # a's decode: 1 ms floor + 1 ms row + 2 ms sampled = 4 ms; 6 ms left: 6 prompt rows... but at least 16
+    assert sched(sim.step()) == [("a", 0, 40, 1, True), ("b", 0, 0, 16, False)]
+    sim.set_step_target(0.030, MACS, 0.001, 1.0)  # 26 ms left: b's last 14 rows (+ 2 ms, sampled) fit
+    assert sched(sim.step()) == [("a", 0, 41, 1, True), ("b", 0, 16, 14, True)]
+
+
+def test_the_floor_keeps_prompts_moving_when_decodes_fill_the_target():
+    sim = _engine.SchedulerSim(256, 4, max_batched_tokens=64)
+    sim.set_step_target(0.002, MACS, 0.001, 1.0)  # one decode alone (4 ms) exceeds the target
+    sim.add("a", toks(8), 50)
+    sim.step()
+    sim.add("b", toks(40, 500), 5)
+    sim.add("c", toks(40, 900), 5)
+    # b gets the floor (16); c waits: the floor is given once a step
+    assert sched(sim.step()) == [("a", 0, 8, 1, True), ("b", 0, 0, 16, False)]
+    assert sched(sim.step()) == [("a", 0, 9, 1, True), ("b", 0, 16, 16, False)]
+
+
+def test_without_a_target_the_budget_rules_as_before():
+    sim = _engine.SchedulerSim(256, 4, max_batched_tokens=16)
+    sim.set_step_target(0.0, MACS, 0.001, 1.0)
+    sim.add("a", toks(8), 50)
+    sim.step()
+    sim.add("b", toks(40, 500), 5)
+    assert sched(sim.step()) == [("a", 0, 8, 1, True), ("b", 0, 0, 15, False)]

@@ -22,17 +22,18 @@ class LLM:
 
     LLM(model=None) loads the default model; `model` is a GGUF path otherwise. Engine options: n_threads
     (default one per core), n_ctx, num_kv_blocks / kv_cache_memory, max_num_seqs, max_num_batched_tokens,
-    enable_prefix_caching.
+    enable_prefix_caching, target_itl (seconds > 0: each step beside running decodes takes only the prompt
+    tokens that keep its predicted time under this; 0: max_num_batched_tokens alone).
     """
 
     def __init__(self, model: Optional[str] = None, *, n_threads: int = 0, n_ctx: int = 0, num_kv_blocks: int = 0,
                  kv_cache_memory: int = 0, block_size: int = 16, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True):
+                 max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True, target_itl: float = 0.0):
         self.model_path = resolve_model(model)
         self.engine = _engine.Engine(self.model_path, n_threads=n_threads, n_ctx=n_ctx, num_kv_blocks=num_kv_blocks,
                                      kv_cache_memory=kv_cache_memory, block_size=block_size,
                                      max_num_seqs=max_num_seqs, max_batched_tokens=max_num_batched_tokens,
-                                     enable_prefix_caching=enable_prefix_caching)
+                                     enable_prefix_caching=enable_prefix_caching, step_target=target_itl)
         self.tokenizer = Tokenizer.from_gguf_metadata(self.engine.metadata)
         self.engine.eos_ids = list(self.tokenizer.eos_ids)
         self.grammars = GrammarCompiler(self.tokenizer, self.engine.hparams["n_vocab"])

@@ -30,6 +30,10 @@ from .auth import load_keys
 from .config import ServerConfig
 
 log = logging.getLogger("pyserve.server")
+# The step-time target of `pyserve serve` (docs/BENCHMARKS.md: how it was chosen): a step beside running
+# streams takes only the prompt tokens that keep it under this, so inter-token latency stays steady while
+# new prompts still go in, in big chunks when nothing streams
+DEFAULT_TARGET_ITL = 0.030
 
 
 @dataclass
@@ -58,7 +62,8 @@ class ServeOptions:
     num_kv_blocks: int = 0
     kv_cache_memory: int = 0
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 128  # per step: small chunks of new prompts keep inter-token latency steady
+    max_num_batched_tokens: int = 512  # per step at most (a hard cap; target_itl sizes prompt chunks under it)
+    target_itl: float = DEFAULT_TARGET_ITL  # seconds a step beside decodes aims at (0: the token budget alone)
     trust_request_chat_template: bool = False
     pooling: str = "last"
     normalize_embeddings: bool = True
@@ -142,7 +147,7 @@ async def _drain(state, signals: _Signals, timeout: float) -> None:
 async def _run_engine(opts: ServeOptions, state, signals: _Signals, url: str, task_status) -> None:
     engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
                        kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
-                       max_num_batched_tokens=opts.max_num_batched_tokens)
+                       max_num_batched_tokens=opts.max_num_batched_tokens, target_itl=opts.target_itl)
     async with AsyncLLM.open(opts.model, **engine_opts) as engine:
         state.set_engine(engine)
         if not signals.stop.is_set():

@@ -1,0 +1,58 @@
+// step_cost: predicts an engine step's wall time from what it holds, fitted online, and turns a step-time
+// target into how many prompt tokens a step may take beside its decodes.
+//
+// What a step holds is counted in multiply-adds from the model's shape: every row through the layers, each
+// sampled row also through the vocabulary projection, attention over each row's context. Time ≈ a + b·MACs:
+// `a` is the floor of a step (the weights streamed from memory once however few rows, the pool's barriers),
+// `b` the compute rate. Two numbers, fitted by recursive least squares with forgetting on the engine's own
+// step timings: well conditioned (steps of every size feed it) and following the machine (other load, clock)
+// within ~50 steps. Seeded by two scratch forwards when the engine starts.
+#pragma once
+
+#include <array>
+
+namespace pyserve {
+
+// Multiply-adds per unit of work, from the model's hyper-parameters.
+struct StepMacs {
+  double per_row = 0;      // one row through every layer
+  double per_logit = 0;    // one row through the output projection
+  double per_context = 0;  // attention of one row over one position of context
+};
+
+struct StepShape {
+  int tokens = 0;       // rows through the layers
+  int logit_rows = 0;   // rows projected to the vocabulary and sampled
+  double context = 0;   // Σ over rows of the positions attended
+  void add(int n_tokens, int first_pos, bool sampled) {
+    tokens += n_tokens;
+    logit_rows += sampled;
+    // rows first_pos … first_pos + n - 1 attend to first_pos + 1 … first_pos + n positions
+    context += (double)n_tokens * first_pos + (double)n_tokens * (n_tokens + 1) / 2;
+  }
+  double macs(const StepMacs& m) const { return tokens * m.per_row + logit_rows * m.per_logit + context * m.per_context; }
+};
+
+class StepCostModel {
+ public:
+  explicit StepCostModel(const StepMacs& macs = {});
+  double predict(const StepShape& s) const;             // seconds
+  void observe(const StepShape& s, double seconds);     // one step's measured wall time
+  double chunk_cost(int n, int pos, bool sampled) const;  // seconds a prompt chunk adds to a step
+  // The most tokens n ≤ cap of a prompt chunk starting at position `pos` (its last row sampled if
+  // `sampled_if_last` and n == cap) that add at most `seconds` to a step; 0 when not even one fits.
+  int tokens_within(double seconds, int pos, int cap, bool sampled_if_last) const;
+  std::array<double, 2> weights() const { return {w_[0], w_[1]}; }  // a (s), b (s per GMAC)
+  void set_weights(double floor_s, double s_per_gmac) { w_ = {floor_s, s_per_gmac}; }
+
+ private:
+  static constexpr double kForget = 0.98;  // a step's weight halves after ~35 steps
+  static constexpr double kPrior = 1.0;    // P's prior diagonal (weights in s and s/GMAC: a weak prior)
+  static constexpr double kMaxTrace = 2 * kPrior;
+  double gmacs(const StepShape& s) const { return s.macs(macs_) * 1e-9; }
+  StepMacs macs_;
+  std::array<double, 2> w_{1e-3, 1e-2};  // 1 ms a step, 10 ms a GMAC until seeded
+  std::array<std::array<double, 2>, 2> P_{{{kPrior, 0}, {0, kPrior}}};
+};
+
+}  // namespace pyserve
