@@ -520,7 +520,9 @@ py::dict engine_stats(Engine& e) {
                   py::arg("prefix_cache_queries") = s.prefix_cache_queries,
                   py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached,
                   py::arg("grammar_matchers") = s.grammar_matchers, py::arg("step_cost") = s.step_cost,
-                  py::arg("last_step_s") = s.last_step_s);
+                  py::arg("last_step_s") = s.last_step_s, py::arg("step_buckets") = s.step_buckets,
+                  py::arg("step_seconds_sum") = s.step_seconds_sum,
+                  py::arg("step_bucket_bounds") = kStepBuckets);
 }
 
 void bind_engine(py::module_& m) {

@@ -317,6 +317,8 @@ std::vector<StepOutput> Engine::step() {
   sample_draws(draws, t_step, out);
   last_step_s_ = monotonic_now() - t_sched;
   cost_.observe(shape, last_step_s_);
+  step_seconds_sum_ += last_step_s_;
+  for (size_t i = 0; i < kStepBuckets.size(); i++) step_buckets_[i] += last_step_s_ <= kStepBuckets[i];
   snapshot_stats();
   return out;
 }
@@ -473,6 +475,8 @@ void Engine::snapshot_stats() {
   s.grammar_matchers = Matcher::live();
   s.step_cost = cost_.weights();
   s.last_step_s = last_step_s_;
+  s.step_buckets = step_buckets_;
+  s.step_seconds_sum = step_seconds_sum_;
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = s;
 }

@@ -81,7 +81,14 @@ struct EngineStats {
   int64_t grammar_matchers = 0;                               // live matchers in the process (Matcher::live)
   std::array<double, 2> step_cost{};                          // StepCostModel's floor (s) and rate (s per GMAC)
   double last_step_s = 0.0;                                   // wall time of the last step
+  // every step's wall time (schedule → forward → sampling), cumulative per bucket ≤ kStepBuckets[i] (s)
+  std::array<uint64_t, 14> step_buckets{};
+  double step_seconds_sum = 0.0;
 };
+
+// Upper bounds (seconds) of the step-time histogram's buckets; one more, +inf, is `steps`.
+constexpr std::array<double, 14> kStepBuckets = {0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03,
+                                                 0.04,  0.05,   0.075, 0.1,  0.15,  0.25, 0.5};
 
 class Engine {
  public:
@@ -161,6 +168,8 @@ class Engine {
   uint64_t steps_ = 0, tokens_computed_ = 0;
   StepCostModel cost_;
   double last_step_s_ = 0.0;
+  std::array<uint64_t, 14> step_buckets_{};  // as EngineStats::step_buckets
+  double step_seconds_sum_ = 0.0;
 };
 
 }  // namespace pyserve

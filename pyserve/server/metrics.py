@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import trio
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TIMER_KEY = "pyserve.timer"  # the RequestTimer's key in the ASGI scope
@@ -143,6 +143,8 @@ class Metrics:
             yield _family(CounterMetricFamily, metric, doc, name, stats.get(key, 0))
         for metric, doc, value in self._counters:
             yield _family(CounterMetricFamily, metric, doc, name, value())
+        if "step_buckets" in stats:
+            yield _step_histogram(stats, name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -160,6 +162,16 @@ _COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
              ("prefix_cache_hits", "pyserve:prefix_cache_hits", "prompt tokens found in the prefix cache at admission"),
              ("steps", "pyserve:engine_steps", "engine steps"),
              ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model")]
+
+
+def _step_histogram(stats: dict, name: str) -> HistogramMetricFamily:
+    """The engine's step times (schedule → forward → sampling, on the engine thread): what inter-token latency
+    would be with nothing else on the path; compare with pyserve:inter_token_latency_seconds."""
+    f = HistogramMetricFamily("pyserve:engine_step_seconds", "wall time of each engine step",
+                              labels=["model_name"])
+    buckets = [(repr(b), c) for b, c in zip(stats["step_bucket_bounds"], stats["step_buckets"])]
+    f.add_metric([name], buckets + [("+Inf", stats["steps"])], stats["step_seconds_sum"])
+    return f
 
 
 def _family(kind, metric: str, doc: str, name: str, value):
