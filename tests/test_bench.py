@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 
 import numpy as np
@@ -55,6 +56,29 @@ def test_search_capacity(limit, max_c, expected):
     assert all(1 <= c <= max_c for c in probed)
     assert len(probed) == len(set(probed))  # never the same level twice
     assert len(probed) <= 2 * max_c.bit_length() + 1
+
+
+@pytest.mark.parametrize("limit,start,max_rate,res", [(0.5, 1, 64, 0.05), (1, 1, 64, 0.05), (3.3, 1, 64, 0.05),
+                                                      (7.77, 1, 64, 0.05), (50.1, 1, 64, 0.05), (1000, 1, 64, 0.05),
+                                                      (1000, 2.5, 30, 0.05), (13, 2.5, 30, 0.2), (0.37, 0.1, 8, 0.01)])
+def test_search_rate(limit, start, max_rate, res):
+    probed = []
+
+    async def probe(rate):
+        probed.append(rate)
+        return rate <= limit
+
+    found = asyncio.run(bench.search_rate(probe, start, max_rate, res))
+    assert all(start <= r <= max_rate for r in probed)
+    assert len(probed) == len(set(probed))  # never the same level twice
+    assert len(probed) <= math.ceil(math.log2(max_rate / start)) + 1 + math.ceil(math.log2(1 / res)) + 1
+    if limit < start:
+        assert found == 0.0 and probed == [start]
+    elif limit >= max_rate:
+        assert found == max_rate and probed[-1] == max_rate
+    else:  # a pass at `found`, and a fail within `res` of it above
+        assert found in probed and found <= limit
+        assert min(r for r in probed if r > limit) <= found * (1 + res)
 
 
 def test_metrics_delta():
@@ -120,6 +144,56 @@ def test_argument_checks(monkeypatch, capsys):
     capsys.readouterr()
     assert bench.run(parse(["--base-url", "http://x", "--plot", "p.png"])) == 2
     assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--request-rate", "1,2"], "one finite rate"),
+    (["--request-rate", "inf"], "one finite rate"),
+    (["--request-rate", "4", "--max-request-rate", "2"], "--max-request-rate must be >="),
+    (["--request-rate", "4", "--rate-resolution", "0"], "--rate-resolution must be in"),
+    (["--request-rate", "4", "--rate-resolution", "1"], "--rate-resolution must be in"),
+    (["--request-rate", "4"], "needs --itl-p99-slo and/or --ttft-p99-slo"),
+    (["--request-rate", "4", "--itl-p99-slo", "1", "--output-json", "/nonexistent/x.json"], "--output-json"),
+    (["--request-rate", "4", "--itl-p99-slo", "1", "--plot", "/nonexistent/x.png"], "--plot /nonexistent/x.png"),
+])
+def test_rate_search_argument_checks(argv, message, capsys):
+    """Refused before any request (http://x is never reached), with what is wrong."""
+    assert bench.run(parse(["--base-url", "http://x", "--find-capacity", *argv])) == 2
+    assert message in capsys.readouterr().err
+    # its flags on a run that is not a rate search
+    assert bench.run(parse(["--base-url", "http://x", "--request-rate", "4", "--max-request-rate", "8"])) == 2
+    assert "belong to --find-capacity --request-rate" in capsys.readouterr().err
+
+
+def _rate_level(rate: float, ttft: float, itl: float, errors: int = 0) -> dict:
+    ok = [bench.RequestResult(ok=True, ttft=ttft, e2e=ttft + 3 * itl, itl=[itl] * 3, output_tokens=4)] * 4
+    lv = bench.level_report(ok + [bench.RequestResult(error="HTTP 503: busy")] * errors, 1.0, 8)
+    lv.update(mode="poisson", request_rate=rate)
+    return lv
+
+
+def test_slo_verdicts_and_capacity_line(tmp_path):
+    assert bench.slo_failures(_rate_level(1, 0.2, 0.01), 0.05, 1.0) == []
+    assert bench.slo_failures(_rate_level(1, 1.5, 0.01), 0.05, 1.0) == ["ttft_p99"]
+    assert bench.slo_failures(_rate_level(1, 1.5, 0.06, errors=1), 0.05, 1.0) == ["errors", "itl_p99", "ttft_p99"]
+    assert bench.slo_failures(_rate_level(1, 1.5, 0.06), 0.05, None) == ["itl_p99"]  # only the SLOs given
+    assert bench.slo_failures(bench.level_report([], 1.0, 8), None, 1.0) == ["errors", "ttft_p99"]
+    levels = [_rate_level(2, 0.2, 0.01), _rate_level(4, 0.4, 0.02), _rate_level(8, 1.5, 0.03)]
+    for lv in levels:
+        lv["slo_failed"] = bench.slo_failures(lv, 0.05, 1.0)
+    over = {"request_rate": 8, "failed": ["ttft_p99"], "itl_p99": pytest.approx(0.03), "ttft_p99": 1.5,
+            "errors": 0}
+    result = {"levels": levels, "capacity": 4.0, "slo": {"itl_p99": 0.05, "ttft_p99": 1.0, "max_concurrency": 8},
+              "capacity_search": {"axis": "request_rate", "unit": "requests/s", "start": 2, "max": 64,
+                                  "resolution": 0.05, "first_over": over}}
+    assert bench.capacity_line(result) == ("capacity: 4 requests/s (Poisson arrivals, at most 8 in flight) within "
+                                           "ITL p99 50 ms, TTFT p99 1000 ms; first over: 8 requests/s (TTFT p99 "
+                                           "1500.0 ms)")
+    bench.plot_levels(result, str(tmp_path / "rate.png"))
+    assert (tmp_path / "rate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result["capacity_search"]["first_over"] = None
+    assert bench.capacity_line(result).endswith("; no level tried broke them (the search stops at "
+                                                "--max-request-rate 64)")
 
 
 def test_table_and_plot(tmp_path):
@@ -237,6 +311,8 @@ def test_bench_open_loop_and_capacity(server_url, tmp_path):
     assert result["slo"] == {"itl_p99": 30.0, "ttft_p99": 60.0, "max_concurrency": 2}
     assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
     assert all(lv["slo_ok"] for lv in result["levels"])
+    assert result["capacity_search"] == {"axis": "concurrency", "unit": "concurrent requests", "start": 1, "max": 2,
+                                         "resolution": 1, "first_over": None}
     for lv in result["levels"]:
         _check_level(lv, 2, 4, exact=True)
     assert bench.run(parse(["--base-url", server_url, "--find-capacity", "--ttft-p99-slo", "1e-9",
@@ -245,3 +321,61 @@ def test_bench_open_loop_and_capacity(server_url, tmp_path):
     result = json.loads(out.read_text())
     assert result["capacity"] == 0 and len(result["levels"]) == 1 and result["levels"][0]["slo_ok"] is False
     assert result["levels"][0]["ttft"]["p99"] > 1e-9
+    assert result["levels"][0]["slo_failed"] == ["ttft_p99"]
+    over = result["capacity_search"]["first_over"]
+    assert over["concurrency"] == 1 and over["failed"] == ["ttft_p99"] and over["ttft_p99"] > 1e-9
+
+
+def test_open_loop_counts_the_wait_for_a_slot(server_url, tmp_path):
+    """Under --max-concurrency 1, three requests that arrive at once are sent one after another: the second and
+    third wait for the slot, and their TTFT (from arrival) holds that wait."""
+    out = tmp_path / "capped.json"
+    assert bench.run(parse(["--base-url", server_url, "--request-rate", "inf", "--max-concurrency", "1",
+                            "--num-prompts", "3", "--input-len", "16", "--output-len", "4", "--warmup", "0",
+                            "--output-json", str(out), "--no-progress"])) == 0
+    lv, = json.loads(out.read_text())["levels"]
+    assert lv["request_rate"] is None and lv["peak_concurrency"] == 1 and lv["concurrency"] == 1
+    _check_level(lv, 3, 4, exact=True)
+    wait = lv["queue_wait"]
+    assert set(wait) == set(bench.STAT_KEYS)
+    assert 0 < wait["p50"] <= wait["max"]  # two of three waited
+    assert wait["max"] < lv["ttft"]["max"] and wait["max"] < lv["e2e"]["max"]
+
+
+def _rate_search(server_url: str, out, *argv: str) -> dict:
+    assert bench.run(parse(["--base-url", server_url, "--find-capacity", "--num-prompts", "3",
+                            "--input-len", "16", "--output-len", "4", "--warmup", "0", "--max-concurrency", "2",
+                            "--output-json", str(out), "--no-progress", *argv])) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_rate_capacity(server_url, tmp_path, capsys):
+    # Generous SLOs hold at every rate: doubling from 10/s up to the bound, 30/s (not a doubling of 10).
+    png = tmp_path / "rate.png"
+    result = _rate_search(server_url, tmp_path / "rate.json", "--request-rate", "10", "--max-request-rate", "30",
+                          "--itl-p99-slo", "30", "--ttft-p99-slo", "60", "--plot", str(png))
+    assert result["capacity"] == 30.0
+    assert result["slo"] == {"itl_p99": 30.0, "ttft_p99": 60.0, "max_concurrency": 2}
+    assert result["capacity_search"] == {"axis": "request_rate", "unit": "requests/s", "start": 10.0, "max": 30.0,
+                                         "resolution": 0.05, "first_over": None}
+    assert [lv["request_rate"] for lv in result["levels"]] == [10, 20, 30]
+    for lv in result["levels"]:
+        assert lv["mode"] == "poisson" and lv["slo_ok"] is True and lv["slo_failed"] == []
+        assert 1 <= lv["peak_concurrency"] <= 2 and lv["concurrency"] == 2
+        _check_level(lv, 3, 4, exact=True)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "capacity: 30 requests/s (Poisson arrivals, at most 2 in flight) within ITL p99 30000 ms, TTFT p99 " \
+           "60000 ms; no level tried broke them (the search stops at --max-request-rate 30)" in capsys.readouterr().out
+
+    # An ITL SLO no server meets breaks the first rate: capacity 0, and the JSON and the report name what broke.
+    result = _rate_search(server_url, tmp_path / "over.json", "--request-rate", "10", "--rate-resolution", "0.1",
+                          "--itl-p99-slo", "1e-9", "--ttft-p99-slo", "60")
+    lv, = result["levels"]
+    assert result["capacity"] == 0.0 and lv["request_rate"] == 10 and lv["slo_ok"] is False
+    assert lv["slo_failed"] == ["itl_p99"] and lv["itl"]["p99"] > 1e-9
+    assert result["capacity_search"]["resolution"] == 0.1
+    assert result["capacity_search"]["first_over"] == {"request_rate": 10, "failed": ["itl_p99"], "errors": 0,
+                                                       "itl_p99": lv["itl"]["p99"], "ttft_p99": lv["ttft"]["p99"]}
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == (f"capacity: 0 requests/s (Poisson arrivals, at most 2 in flight) within ITL p99 1e-06 ms, "
+                    f"TTFT p99 60000 ms; first over: 10 requests/s (ITL p99 {lv['itl']['p99'] * 1000:.1f} ms)")

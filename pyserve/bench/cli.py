@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 from typing import Optional
 
@@ -33,10 +34,11 @@ def _load_args(load: argparse._ArgumentGroup) -> None:
     load.add_argument("--concurrency", type=_int_list, default=None,
                       help="closed-loop levels: that many requests always in flight (default 1,4,16,64)")
     load.add_argument("--request-rate", type=_float_list, default=None,
-                      help="open-loop levels instead: Poisson arrivals at R requests/s ('inf': all at once)")
+                      help="open-loop levels instead: Poisson arrivals at R requests/s ('inf': all at once); "
+                           "with --find-capacity, the one rate its search starts from")
     load.add_argument("--max-concurrency", type=int, default=None,
-                      help="cap on requests in flight with --request-rate; upper bound for --find-capacity "
-                           "(default 256 there)")
+                      help="cap on requests in flight with --request-rate; upper bound of the --find-capacity "
+                           "concurrency search (default 256 with --find-capacity, either search)")
     load.add_argument("--num-prompts", type=int, default=None,
                       help="requests per level (default: max(16, 4 x concurrency), or unbounded with --duration)")
     load.add_argument("--duration", type=float, default=None,
@@ -64,9 +66,15 @@ def _prompt_args(data: argparse._ArgumentGroup) -> None:
 def _output_args(p: argparse.ArgumentParser) -> None:
     cap = p.add_argument_group("capacity search")
     cap.add_argument("--find-capacity", action="store_true",
-                     help="find the highest concurrency within the p99 SLO(s): doubling, then bisecting")
+                     help="find the highest concurrency within the p99 SLO(s): doubling, then bisecting; with "
+                          "--request-rate R, the highest Poisson rate (goodput), doubling from R")
     cap.add_argument("--itl-p99-slo", type=float, default=None, help="seconds, e.g. 0.050")
     cap.add_argument("--ttft-p99-slo", type=float, default=None, help="seconds")
+    cap.add_argument("--max-request-rate", type=float, default=None,
+                     help="upper bound (requests/s) of the --find-capacity --request-rate search (default 256)")
+    cap.add_argument("--rate-resolution", type=float, default=None,
+                     help="the rate search ends when its last pass and first fail are within this fraction of "
+                          "the pass (default 0.05: 5 %%)")
     out = p.add_argument_group("output")
     out.add_argument("--output-json", default=None, metavar="FILE", help='write {"levels": [...], ...}')
     out.add_argument("--plot", default=None, metavar="FILE", help="PNG of throughput, TTFT and ITL per level")
@@ -91,9 +99,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _check_rate_search_args(args: argparse.Namespace) -> Optional[str]:
+    if not (args.find_capacity and args.request_rate):
+        if args.max_request_rate is not None or args.rate_resolution is not None:
+            return "--max-request-rate and --rate-resolution belong to --find-capacity --request-rate R"
+        return None
+    if len(args.request_rate) != 1 or math.isinf(args.request_rate[0]):
+        return "--find-capacity --request-rate takes one finite rate, the search's start (requests/s)"
+    if args.max_request_rate is not None and not args.max_request_rate >= args.request_rate[0]:
+        return "--max-request-rate must be >= the --request-rate the search starts from"
+    if args.rate_resolution is not None and not 0.01 <= args.rate_resolution < 1:
+        return "--rate-resolution must be in [0.01, 1)"
+    return None
+
+
 def _check_capacity_args(args: argparse.Namespace) -> Optional[str]:
-    if args.request_rate:
-        return "--find-capacity searches concurrency; drop --request-rate"
     if args.itl_p99_slo is None and args.ttft_p99_slo is None:
         return "--find-capacity needs --itl-p99-slo and/or --ttft-p99-slo"
     if args.itl_p99_slo is not None and args.output_len < 2:
@@ -120,8 +140,16 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
         return "--request-rate inf with --duration needs --num-prompts (it would send without end)"
     if args.extra_body is not None and not isinstance(args.extra_body, dict):
         return "--extra-body must be a JSON object"
-    if args.find_capacity:
-        return _check_capacity_args(args)
+    return (_check_rate_search_args(args) or (_check_capacity_args(args) if args.find_capacity else None)
+            or _check_outputs(args))
+
+
+def _check_outputs(args: argparse.Namespace) -> Optional[str]:
+    """A file the run will write needs a folder it can write in: found out now, not after the load."""
+    for flag, path in (("--output-json", args.output_json), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            return f"{flag} {path}: {folder} is not a folder this user can write in"
     return None
 
 

@@ -11,8 +11,9 @@ from typing import Any, Optional
 class RequestResult:
     ok: bool = False
     error: Optional[str] = None
-    ttft: Optional[float] = None  # s, request sent -> first chunk with content
-    e2e: Optional[float] = None  # s, request sent -> end of the stream
+    ttft: Optional[float] = None  # s, request sent (open loop: arrived) -> first chunk with content
+    e2e: Optional[float] = None  # s, request sent (open loop: arrived) -> end of the stream
+    queue_wait: float = 0.0  # s, arrived -> sent: waiting for a slot under --max-concurrency (open loop)
     itl: list[float] = field(default_factory=list)  # s, the gaps between content chunks
     output_tokens: int = 0
     prompt_tokens: Optional[int] = None
@@ -131,10 +132,12 @@ class _Stream:
         r.ok = True
 
 
-async def send_request(client, target: Target, prompt: str) -> RequestResult:
-    """One streamed request (an httpx.AsyncClient's), timed on the client."""
-    r = RequestResult()
-    t0 = time.perf_counter()
+async def send_request(client, target: Target, prompt: str, arrival: Optional[float] = None) -> RequestResult:
+    """One streamed request (an httpx.AsyncClient's), timed on the client from `arrival` (perf_counter s, when
+    the request was due; default: now, when it is sent)."""
+    sent = time.perf_counter()
+    t0 = sent if arrival is None else arrival
+    r = RequestResult(queue_wait=sent - t0)
     stream = _Stream(r, t0)
     try:
         async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers) as resp:

@@ -1,5 +1,5 @@
-"""The load of a run: closed-loop levels (N requests always in flight), open-loop levels (Poisson arrivals),
-and the capacity search over concurrency."""
+"""The load of a run: closed-loop levels (N requests always in flight) and open-loop levels (Poisson arrivals);
+capacity.py searches over them."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,8 @@ from tqdm import tqdm
 from .client import RequestResult, Target, send_request
 from .prometheus import metrics_delta
 from .prompts import PromptSource
-from .report import level_report, ms
+from .report import level_report
+from .stats import summarize
 
 
 class Runner:
@@ -63,8 +64,9 @@ class Runner:
         except ValueError:  # not Prometheus text after all
             self.metrics_url = None
 
-    async def _timed(self, prompt: str, results: list[RequestResult], progress: tqdm) -> None:
-        r = await send_request(self.client, self.target, prompt)
+    async def _timed(self, prompt: str, results: list[RequestResult], progress: tqdm,
+                     arrival: Optional[float] = None) -> None:
+        r = await send_request(self.client, self.target, prompt, arrival)
         results.append(r)
         progress.update(1)
         if not r.ok:
@@ -99,9 +101,11 @@ class Runner:
         rep["mode"] = "closed"
         return await self._finish(rep, before)
 
-    async def open_level(self, rate: float) -> dict:
-        """Poisson arrivals at `rate` requests/s (inf: all at once), capped by --max-concurrency in flight."""
-        cap, n = self.args.max_concurrency, self.args.num_prompts
+    async def open_level(self, rate: float, cap: Optional[int]) -> dict:
+        """Poisson arrivals at `rate` requests/s (inf: all at once), at most `cap` in flight (None: no cap).
+        A request's TTFT and e2e count from its arrival, so the wait for a slot under the cap is part of them
+        (its queue_wait, summarized under "queue_wait"): an overloaded rate shows, wherever its requests queue."""
+        n = self.args.num_prompts
         if n is None and self.args.duration is None:
             n = max(16, int(4 * rate * 4)) if math.isfinite(rate) else 64
         await self.source.fill(n if n is not None else min(int(2 * rate) + 16 if math.isfinite(rate) else 64, 1024))
@@ -111,14 +115,14 @@ class Runner:
         before = await self._scrape()
         progress = self._progress(n, f"rate {rate:g}/s")
 
-        async def one(prompt: str) -> None:
+        async def one(prompt: str, arrival: float) -> None:
             nonlocal inflight, peak
             if sem is not None:
                 await sem.acquire()
             inflight += 1
             peak = max(peak, inflight)
             try:
-                await self._timed(prompt, results, progress)
+                await self._timed(prompt, results, progress, arrival)
             finally:
                 inflight -= 1
                 if sem is not None:
@@ -129,12 +133,14 @@ class Runner:
         wall = time.perf_counter() - start
         progress.close()
         rep = level_report(results, wall, cap if cap else peak)
-        rep.update(mode="poisson", request_rate=rate if math.isfinite(rate) else None, peak_concurrency=peak)
+        rep.update(mode="poisson", request_rate=rate if math.isfinite(rate) else None, peak_concurrency=peak,
+                   queue_wait=summarize(r.queue_wait for r in results if r.ok))
         return await self._finish(rep, before)
 
     async def _arrivals(self, rate: float, n: Optional[int], start: float,
-                        one: Callable[[str], Awaitable[None]]) -> list[asyncio.Future]:
-        """Starts `one(prompt)` at Poisson arrival times from `start` until n are issued or the duration ends."""
+                        one: Callable[[str, float], Awaitable[None]]) -> list[asyncio.Future]:
+        """Starts `one(prompt, arrival)` at Poisson arrival times (perf_counter s) from `start` until n are
+        issued or the duration ends."""
         deadline = self._deadline(start)
         tasks: list[asyncio.Future] = []
         next_t = start
@@ -146,57 +152,6 @@ class Runner:
                 delay = next_t - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one(await self.source.get())))
+            prompt = await self.source.get()
+            tasks.append(asyncio.ensure_future(one(prompt, time.perf_counter())))
         return tasks
-
-    def meets_slo(self, rep: dict) -> bool:
-        if rep["errors"] or not rep["completed"]:
-            return False
-        for key, slo in (("itl", self.args.itl_p99_slo), ("ttft", self.args.ttft_p99_slo)):
-            if slo is not None:
-                p99 = rep[key]["p99"]
-                if p99 is None or p99 > slo:
-                    return False
-        return True
-
-    async def find_capacity(self, max_concurrency: int) -> int:
-        """search_capacity over closed levels, each level run once; the levels end up sorted by concurrency."""
-        tried: dict[int, bool] = {}
-
-        async def probe(c: int) -> bool:
-            if c not in tried:
-                rep = await self.closed_level(c)
-                tried[c] = rep["slo_ok"] = self.meets_slo(rep)
-                print(f"  concurrency {c}: ITL p99 {ms(rep['itl']['p99'])} ms, TTFT p99 {ms(rep['ttft']['p99'])} "
-                      f"ms, {rep['errors']} errors -> {'within' if tried[c] else 'over'} SLO", file=sys.stderr)
-            return tried[c]
-
-        capacity = await search_capacity(probe, max_concurrency)
-        self.levels.sort(key=lambda lv: lv["concurrency"])
-        return capacity
-
-
-async def search_capacity(probe: Callable[[int], Awaitable[bool]], max_concurrency: int, start: int = 1) -> int:
-    """The highest concurrency in [start, max_concurrency] for which `probe` holds: doubling from `start`
-    until it fails (or max_concurrency is reached), then bisecting between the last pass and the first
-    fail. 0 when even `start` fails. Assumes the SLO holds below some point and fails above it."""
-    good, bad = 0, None
-    c = start
-    while True:
-        if await probe(c):
-            good = c
-            if c >= max_concurrency:
-                return good
-            c = min(2 * c, max_concurrency)
-        else:
-            bad = c
-            break
-    if good == 0:
-        return 0
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if await probe(mid):
-            good = mid
-        else:
-            bad = mid
-    return good

@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any, Optional
 
+from .capacity import capacity_line, find_concurrency_capacity, find_rate_capacity
 from .client import Target, send_request
 from .load import Runner
 from .plot import plot_levels
@@ -45,13 +46,12 @@ async def _prompts(args: argparse.Namespace, client, root: str, model: str, head
 
 async def _levels(args: argparse.Namespace, runner: Runner) -> dict[str, Any]:
     result: dict[str, Any] = {"levels": runner.levels}
-    if args.find_capacity:
-        max_c = args.max_concurrency or 256
-        result["capacity"] = await runner.find_capacity(max_c)
-        result["slo"] = {"itl_p99": args.itl_p99_slo, "ttft_p99": args.ttft_p99_slo, "max_concurrency": max_c}
+    if args.find_capacity:  # over request rates when one is given, else over concurrency
+        find = find_rate_capacity if args.request_rate else find_concurrency_capacity
+        result.update(await find(runner, args))
     elif args.request_rate:
         for rate in args.request_rate:
-            await runner.open_level(rate)
+            await runner.open_level(rate, args.max_concurrency)
     else:
         for c in args.concurrency or [1, 4, 16, 64]:
             await runner.closed_level(c)
@@ -62,9 +62,7 @@ def _output(args: argparse.Namespace, result: dict) -> None:
     print(format_table(result["levels"]))
     warn_short_outputs(result["levels"], args.output_len)
     if args.find_capacity:
-        slos = ", ".join(f"{k} {v * 1000:g} ms" for k, v in (("ITL p99", args.itl_p99_slo),
-                                                                  ("TTFT p99", args.ttft_p99_slo)) if v is not None)
-        print(f"capacity: {result['capacity']} concurrent requests within {slos}")
+        print(capacity_line(result))
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)
