@@ -7,6 +7,8 @@ import time
 from typing import Optional, Sequence
 
 from . import bench
+from .server.replicas import add_replica_args
+from .server.router_launch import add_router_parser
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -49,6 +51,10 @@ def _bytes(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.replicas > 1:  # N replicas behind sglang-router (server/replicas.py)
+        from .server.replicas import run_replicas
+
+        return run_replicas(args)
     from .server.runner import DEFAULT_TARGET_ITL, ServeOptions, run
 
     return run(ServeOptions(model=args.model, host=args.host, port=args.port,
@@ -105,6 +111,7 @@ def _serve_parser(sub) -> None:
                           " (default: detected from the chat template; a template that renders no tools gets "
                           "the JSON polyfill)")
     _edge_args(srv)
+    add_replica_args(srv)
     srv.set_defaults(func=_serve)
 
 
@@ -132,13 +139,23 @@ def _edge_args(srv: argparse.ArgumentParser) -> None:
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
+    """Flags no parser knows are an error, except for a command that forwards them (`pyserve router`)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "forward_unknown", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra, args.argv = extra, list(sys.argv[1:] if argv is None else argv)
+    return args
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="pyserve", description="A local LLM server for GGUF models.")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)
     bench.add_parser(sub)
-    args = parser.parse_args(argv)
+    add_router_parser(sub)
+    args = _parse(parser, argv)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

@@ -7,11 +7,11 @@ use), shared traffic through the router for N minutes: issue 11's acceptance sce
 
 (pyserve must import: installed, or a checkout built in place with PYTHONPATH=$PWD; sglang-router too:
 `pip install 'pyserve[router]'`.) Everything listens on 127.0.0.1: the replicas on free ports (`--threads 1`
-each), the router and its Prometheus exporter on two more. The router's command line (RouterProcess):
+each), the router and its Prometheus exporter on two more. The router is `pyserve router` (its defaults:
+pyserve/server/router_launch.py) with these flags (RouterProcess):
 
-    python -m sglang_router.launch_router --host 127.0.0.1 --port P --prometheus-host 127.0.0.1
-        --prometheus-port Q --worker-urls URL1 URL2 --policy round_robin --worker-startup-timeout-secs 120
-        --request-timeout-secs 300 --shutdown-grace-period-secs 5
+    pyserve router --port P --prometheus-port Q --worker-urls URL1 URL2 --policy round_robin
+        --shutdown-grace-period-secs 5
 
 Traffic: `--concurrency` workers loop until the deadline over a fixed set of requests (completions and chat,
 streamed and not, temperature 0) naming the model the router's /v1/models lists (or --model). Every answer is
@@ -27,9 +27,9 @@ SIGTERM. Exit status 0 when all hold: only 200s, no transport error, no wrong an
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
+import os
 import re
 import signal
 import socket
@@ -44,49 +44,33 @@ from typing import Optional
 import httpx
 import trio
 
-from pyserve.bench.launch import ServerProcess
+from pyserve.bench.launch import PYSERVE_HOME, ServerProcess
 from pyserve.bench.prometheus import parse_metrics, totals
+from pyserve.server.replicas import free_ports
+from pyserve.server.router_launch import ROUTER_MISSING, router_installed
 
-ROUTER_MISSING = ("sglang-router is not installed: `pip install 'pyserve[router]'` (or sglang-router==0.3.2); "
-                  "tests/test_router.py and scripts/router_traffic.py run it")
 PROMPTS = ["Once upon a time", "The capital of France is", "List three colours:", "def fibonacci(n):",
            "Explain gravity to a child.", "1, 2, 3, 4,"]
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the router colours its log even into a pipe
 
 
-def router_installed() -> bool:
-    return importlib.util.find_spec("sglang_router") is not None
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (held together while chosen, so never the same one twice)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class RouterProcess:
-    """sglang-router (`python -m sglang_router.launch_router`) on two free loopback ports (its HTTP server and
-    its Prometheus exporter), round robin over `worker_urls`. `wait_ready` returns once it reports every worker
-    healthy; `lines` keeps the last 4000 lines it logged."""
+    """`pyserve router` (sglang-router with pyserve's settings) on two free loopback ports (its HTTP server and
+    its Prometheus exporter) over `worker_urls`, round robin unless `args` say otherwise (later flags win).
+    `wait_ready` returns once it reports every worker healthy; `lines` keeps the last 4000 lines it logged."""
 
-    def __init__(self, worker_urls: list[str], *args: str):
+    def __init__(self, worker_urls: list[str], *args: str, policy: str = "round_robin"):
         self.port, self.metrics_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
-        # startup timeout: the replicas are ready before it starts; grace period: SIGTERM waits for in-flight
-        # requests that long (default 180 s)
-        self.cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--prometheus-host", "127.0.0.1",
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        # grace period: on SIGTERM it waits that long for in-flight requests (pyserve router's default: 35 s)
+        self.cmd = [sys.executable, "-m", "pyserve", "router", "--port", str(self.port),
                     "--prometheus-port", str(self.metrics_port), "--worker-urls", *worker_urls,
-                    "--policy", "round_robin", "--worker-startup-timeout-secs", "120",
-                    "--request-timeout-secs", "300", "--shutdown-grace-period-secs", "5", *args]
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    "--policy", policy, "--shutdown-grace-period-secs", "5", *args]
+        env = dict(os.environ, PYTHONPATH=PYSERVE_HOME + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     cwd=PYSERVE_HOME, env=env)
         self.lines: deque[str] = deque(maxlen=4000)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -136,8 +120,9 @@ class Deployment:
     front of them, started in that order (so it registers them at once); `stop` ends the router, then sends
     each replica SIGTERM and returns their exit codes."""
 
-    def __init__(self, replicas: int = 2, server_args: tuple = (), router_args: tuple = ()):
-        self.n, self.server_args, self.router_args = replicas, server_args, router_args
+    def __init__(self, replicas: int = 2, server_args: tuple = (), router_args: tuple = (),
+                 policy: str = "round_robin"):
+        self.n, self.server_args, self.router_args, self.policy = replicas, server_args, router_args, policy
         self.replicas: list[ServerProcess] = []
         self.router: Optional[RouterProcess] = None
 
@@ -146,7 +131,8 @@ class Deployment:
             self.replicas = [ServerProcess(*self.server_args, threads=1) for _ in range(self.n)]
             for r in self.replicas:
                 r.wait_ready()
-            self.router = RouterProcess([r.url for r in self.replicas], *self.router_args).wait_ready(self.n)
+            self.router = RouterProcess([r.url for r in self.replicas], *self.router_args,
+                                        policy=self.policy).wait_ready(self.n)
         except BaseException:
             self.stop()
             raise

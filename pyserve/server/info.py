@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..openai.served_model import ServedModel
+from .worker_api import limits, sglang_model_info
 
 _BIG_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
              "tokenizer.ggml.merges", "tokenizer.chat_template")
@@ -29,11 +30,13 @@ def server_info(state) -> dict:
         # served_model_name (SGLang's key): the name a router lists and sends; sglang-router falls back to
         # model_path (the GGUF file here) without it, and replicas refuse that name (tests/test_router.py)
         info.update({"served_model_name": m.name, "model_path": llm.model_path, "engine_config": llm.engine.config,
-                     "max_model_len": m.max_model_len, "stats": m.engine.stats(), "chat_template": m.chat_template})
+                     "max_model_len": m.max_model_len, "stats": m.engine.stats(), "chat_template": m.chat_template,
+                     **limits(llm.engine.config)})
     return info
 
 
 def model_info(model: ServedModel) -> dict:
     llm = model.engine.llm
     meta = {k: v for k, v in llm.engine.metadata.items() if k not in _BIG_KEYS}
-    return {"model": model.name, "path": llm.model_path, "hparams": llm.engine.hparams, "metadata": meta}
+    return {"model": model.name, "path": llm.model_path, "hparams": llm.engine.hparams, "metadata": meta,
+            **sglang_model_info(model)}  # sglang-router reads model_type and architectures here

@@ -12,6 +12,7 @@ from .info import model_info, server_info, version
 from .metrics import CONTENT_TYPE
 from .responses import json_response, reply
 from .webui import add_webui_routes
+from .worker_api import add_worker_routes
 
 
 async def _body(model: type):
@@ -23,6 +24,7 @@ def add_routes(app: QuartTrio, state) -> None:
     _token_routes(app, state)
     _info_routes(app, state)
     add_webui_routes(app)  # the chat page at /
+    add_worker_routes(app, state)  # what SGLang's and vLLM's routers read (worker_api.py)
 
 
 def _generation_routes(app: QuartTrio, state) -> None:
@@ -92,6 +94,7 @@ def _info_routes(app: QuartTrio, state) -> None:
         return json_response(openapi_document(version(), bool(state.edge.access.api_keys)))
 
     @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang's name, which vllm-router reads
     async def info():
         return json_response(server_info(state))
 

@@ -1,10 +1,10 @@
 """`pyserve serve`: Hypercorn (trio worker) around the app, the model loaded while it listens, and a drain
 on SIGINT / SIGTERM.
 
-Shutdown: the first signal stops accepting connections and answers new requests 503; in-flight requests
-run on until they finish or the drain deadline passes, then every remaining stream ends with an error chunk
-("server shutting down") and [DONE]; the engine aborts what is left, and the process exits 0. A second
-signal skips the wait.
+Shutdown: the first signal answers /health and new requests 503 (a router in front takes the replica out of
+rotation and retries those requests elsewhere); in-flight requests run on until they finish or the drain
+deadline passes, then every remaining stream ends with an error chunk ("server shutting down") and [DONE];
+the listener closes, the engine aborts what is left, and the process exits 0. A second signal skips the wait.
 """
 from __future__ import annotations
 
@@ -111,6 +111,9 @@ class _Signals:
     def __init__(self, state, drain_timeout: float):
         self.state, self.drain_timeout = state, drain_timeout
         self.stop, self.force = trio.Event(), trio.Event()
+        # the drain is over: Hypercorn stops listening. Not at `stop`: until then a router's health check must
+        # read 503 (a refused connection would look like a crash) and new requests a 503 it retries elsewhere
+        self.drained = trio.Event()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
@@ -155,6 +158,7 @@ async def _run_engine(opts: ServeOptions, state, signals: _Signals, url: str, ta
             task_status.started(url)
         await signals.stop.wait()
         await _drain(state, signals, opts.drain_timeout)
+        signals.drained.set()
     # the engine is stopped and every abort applied: what is still held is a leak
     s = engine.llm.engine.stats()
     log.info("engine stopped: %d running, %d waiting, %d kv blocks in use", s["running"], s["waiting"],
@@ -170,7 +174,7 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
         await nursery.start(signals.run)
         connection.install()
         binds = await nursery.start(partial(hypercorn_serve, app, _hypercorn_config(opts, state.metrics),
-                                            shutdown_trigger=signals.stop.wait))
+                                            shutdown_trigger=signals.drained.wait))
         url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
         try:
             await _run_engine(opts, state, signals, url, task_status)
@@ -178,6 +182,7 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
             print(f"pyserve: error: {e}", file=sys.stderr, flush=True)
             code = 2
             signals.stop.set()
+            signals.drained.set()
         # hypercorn returns once its connections close (bounded by graceful_timeout)
         with trio.move_on_after(3.0):
             while len(nursery.child_tasks) > 1:
