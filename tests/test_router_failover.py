@@ -176,7 +176,8 @@ def test_replica_killed_mid_traffic():
         assert len(cut) == out["counts"][1], (out["counts"], [vars(s) for s in out["streams"]])
         assert all(s.error == "RemoteProtocolError" and s.chunks >= 1 and not s.done for s in cut)
         assert all(s.ended - out["killed_at"] < 10 for s in cut)  # at once, not at a timeout
-        assert all(s.done and s.finish == "length" for s in out["streams"] if not s.error), [vars(s) for s in out["streams"]]
+        assert all(s.done and s.finish == "length" for s in out["streams"] if not s.error), \
+            [vars(s) for s in out["streams"]]
         assert out["new"] == [(200, True)] * NEW_REQUESTS, (out["new"], d.router.log_tail())
         assert d.replicas[1].stop() == -signal.SIGKILL and rt.replica_down(d.replicas[0]) is None
         trio.run(_rejoin, d, port)  # raises unless it serves within 40 s

@@ -89,7 +89,8 @@ class Replica:
 
     def start(self) -> subprocess.Popen:
         # stdout to our stderr: the one ready line on stdout is the router's (run_replicas)
-        self.proc = subprocess.Popen(self.cmd, stdout=sys.stderr, preexec_fn=partial(os.sched_setaffinity, 0, self.cores))
+        self.proc = subprocess.Popen(self.cmd, stdout=sys.stderr,
+                                     preexec_fn=partial(os.sched_setaffinity, 0, self.cores))
         return self.proc
 
     def healthy(self) -> bool:
