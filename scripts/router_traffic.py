@@ -55,19 +55,26 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the router colours its log even into a pipe
 
 
+VLLM_ROUTER_MISSING = "vllm-router is not installed: `pip install vllm-router==0.1.17` (tests/test_router.py runs it)"
+# the router programs: `pyserve router` (sglang-router with pyserve's settings) and vLLM's router as it comes
+LAUNCHERS = {"pyserve": ["-m", "pyserve", "router"],
+             "vllm": ["-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--prometheus-host", "127.0.0.1"]}
+
+
 class RouterProcess:
-    """`pyserve router` (sglang-router with pyserve's settings) on two free loopback ports (its HTTP server and
+    """A router (`launcher`: "pyserve" or "vllm", see LAUNCHERS) on two free loopback ports (its HTTP server and
     its Prometheus exporter) over `worker_urls`, round robin unless `args` say otherwise (later flags win).
     `wait_ready` returns once it reports every worker healthy; `lines` keeps the last 4000 lines it logged."""
 
-    def __init__(self, worker_urls: list[str], *args: str, policy: str = "round_robin"):
+    def __init__(self, worker_urls: list[str], *args: str, policy: str = "round_robin", launcher: str = "pyserve"):
         self.port, self.metrics_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        # grace period: on SIGTERM it waits that long for in-flight requests (pyserve router's default: 35 s)
-        self.cmd = [sys.executable, "-m", "pyserve", "router", "--port", str(self.port),
-                    "--prometheus-port", str(self.metrics_port), "--worker-urls", *worker_urls,
-                    "--policy", policy, "--shutdown-grace-period-secs", "5", *args]
+        self.cmd = [sys.executable, *LAUNCHERS[launcher], "--port", str(self.port),
+                    "--prometheus-port", str(self.metrics_port), "--worker-urls", *worker_urls, "--policy", policy]
+        if launcher == "pyserve":  # on SIGTERM it waits that long for in-flight requests (pyserve router: 35 s)
+            self.cmd += ["--shutdown-grace-period-secs", "5"]
+        self.cmd += args
         env = dict(os.environ, PYTHONPATH=PYSERVE_HOME + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      cwd=PYSERVE_HOME, env=env)
@@ -100,7 +107,7 @@ class RouterProcess:
 
     def _fail(self, why: str) -> None:
         code = self.stop()
-        raise RuntimeError(f"sglang-router did not start ({why}; exit code {code}): {' '.join(self.cmd)}\n"
+        raise RuntimeError(f"the router did not start ({why}; exit code {code}): {' '.join(self.cmd)}\n"
                            f"{self.log_tail()}")
 
     def stop(self, timeout: float = 30.0) -> int:
@@ -121,8 +128,9 @@ class Deployment:
     each replica SIGTERM and returns their exit codes."""
 
     def __init__(self, replicas: int = 2, server_args: tuple = (), router_args: tuple = (),
-                 policy: str = "round_robin"):
+                 policy: str = "round_robin", launcher: str = "pyserve"):
         self.n, self.server_args, self.router_args, self.policy = replicas, server_args, router_args, policy
+        self.launcher = launcher
         self.replicas: list[ServerProcess] = []
         self.router: Optional[RouterProcess] = None
 
@@ -131,8 +139,8 @@ class Deployment:
             self.replicas = [ServerProcess(*self.server_args, threads=1) for _ in range(self.n)]
             for r in self.replicas:
                 r.wait_ready()
-            self.router = RouterProcess([r.url for r in self.replicas], *self.router_args,
-                                        policy=self.policy).wait_ready(self.n)
+            self.router = RouterProcess([r.url for r in self.replicas], *self.router_args, policy=self.policy,
+                                        launcher=self.launcher).wait_ready(self.n)
         except BaseException:
             self.stop()
             raise

@@ -18,6 +18,7 @@ What the router asks of a worker (its source, sgl-model-gateway, and what it sen
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -54,10 +55,11 @@ def _assert_up(replicas: list, when: str) -> None:
     assert not down, f"replicas down {when}: {down}\n{_stderr(replicas)}"
 
 
-async def _traffic(d: "rt.Deployment", refs: dict) -> "rt.Tally":
+async def _traffic(d: "rt.Deployment", refs: dict, concurrency: int = CONCURRENCY,
+                   requests: int = REQUESTS) -> "rt.Tally":
     with trio.fail_after(180):
-        return await rt.shared_traffic(d.router.url, MODEL, refs, d.replicas, concurrency=CONCURRENCY,
-                                       max_tokens=MAX_TOKENS, requests=REQUESTS)
+        return await rt.shared_traffic(d.router.url, MODEL, refs, d.replicas, concurrency=concurrency,
+                                       max_tokens=MAX_TOKENS, requests=requests)
 
 
 def _served(d: "rt.Deployment") -> list[dict]:
@@ -135,3 +137,22 @@ def test_grpc_probe_replayed():
         # not even one connection ended by an error (held inside it, the server would stay up)
         assert trio.run(rt.settle, srv.url).get("connection_errors_total", 0) == 0
     assert srv.returncode == 0 and "Traceback" not in "".join(srv.stderr), _stderr([srv])
+
+
+def test_vllm_router_in_front():
+    """vllm-router 0.1.17 (PyPI) in front of two replicas, as it comes (round robin): its /v1/models is a
+    replica's, and 24 requests of the shared traffic, 2 in flight, all get 200 with a replica's own text, 12 on
+    each. Per request it first asks POST /v1/completions/render or /v1/chat/completions/render (vLLM's
+    renderer; pyserve answers 404), then POST /tokenize, then the request itself."""
+    if importlib.util.find_spec("vllm_router") is None:
+        pytest.fail(rt.VLLM_ROUTER_MISSING)
+    with rt.Deployment(launcher="vllm") as d:
+        assert rt.router_models(d.router.url) == [MODEL]
+        refs = trio.run(rt.reference_texts, d.replicas[0].url, MODEL, MAX_TOKENS)
+        before = _served(d)
+        tally = trio.run(partial(_traffic, d, refs, concurrency=2, requests=24))
+        assert dict(tally.statuses) == {200: 24} and not tally.errors and not tally.wrong, \
+            (dict(tally.statuses), dict(tally.errors), tally.wrong[:3], d.router.log_tail())
+        served = [a["request_success_total"] - b.get("request_success_total", 0) for a, b in zip(_served(d), before)]
+        assert served == [12, 12], served
+        assert d.stop() == [0, 0]

@@ -100,7 +100,7 @@ def test_serve_replicas():
         reps = _replicas(srv.pid)
         cores = sorted(os.sched_getaffinity(0))
         assert sorted(c for s in reps.values() for c in s) == cores  # disjoint shares, all of them
-        assert all(len(s) == len(cores) // 2 for s in reps.values())
+        assert max(map(len, reps.values())) - min(map(len, reps.values())) <= 1
         r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         victim = min(reps)
