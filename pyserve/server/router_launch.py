@@ -12,10 +12,10 @@ source and seen in tests/test_router*.py):
   radix tree of the text it sent each worker), unless that replica is busier than the other by more than
   --balance-abs-threshold in-flight requests and by the factor --balance-rel-threshold. 8 (its default: 64):
   a CPU replica's batch slows every stream in it, so an imbalance of 8 costs more than a prefix-cache miss.
-  --cache-threshold 0.5: a shared system prompt matches ~90 % of a request's text, another prompt's chat
-  boilerplate a few %: anything in between picks the same replicas (docs/BENCHMARKS.md);
+  --cache-threshold 0.5: a shared ~400-token system prompt matches ~95 % of a request's text, another
+  prompt's opening words a few % (docs/DEPLOYMENT.md); a cache miss goes to the least loaded replica;
 - health checks every 2 s, out after 2 failures, in after 1 success: a replica that stops (SIGTERM: /health
-  503 at once, worker_api.py) leaves the rotation within ~4 s, far inside pyserve's 30 s drain, and one that
+  503 at once, worker_api.py) leaves the rotation 2-6 s later, far inside pyserve's 30 s drain, and one that
   comes back is taken in at its first 200;
 - retries (5, 50 ms backoff doubling to 2 s) on a refused connection or a 408/429/5xx *before* any byte was
   forwarded: a request the router could not start on one replica starts on another. A stream that already
