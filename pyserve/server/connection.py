@@ -104,11 +104,14 @@ class ContainedTCPServer(TCPServer):
             await self.stream.aclose()  # the writer is stuck on a peer that does not read
 
 
-def configure(config, on_error: Callable[[str], None], fault_marker: Optional[bytes] = None) -> None:
+def configure(config, on_error: Callable[[str], None], fault_marker: Optional[bytes] = None,
+              draining: Callable[[], bool] = lambda: False) -> None:
     """Hands a Hypercorn config what ContainedTCPServer reads: the error counter and, for tests only, a
-    marker whose appearance in a connection's outgoing bytes makes that connection's send raise."""
+    marker whose appearance in a connection's outgoing bytes makes that connection's send raise; and what
+    h2_streams reads: whether the server drains (from the first signal on, before Hypercorn's own shutdown)."""
     config.on_connection_error = on_error
     config.fault_marker = fault_marker
+    config.draining = draining
 
 
 def install() -> None:

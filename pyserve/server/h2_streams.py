@@ -20,6 +20,9 @@ connection — every other stream on it with it — and, before connection.py he
 - A prior-knowledge connection that never finishes a stream was never closed: the idle timer stops when the
   preface is read as HTTP/1.1 and nothing restarts it after the switch to HTTP/2. `initiate` reports the
   connection's idleness once it speaks HTTP/2.
+- The drain starts at the first signal (runner.py), while the listener stays open for /health's 503;
+  Hypercorn's own `context.terminated` is set only when the drain is over. New streams are refused, and
+  GOAWAY sent, from the first signal (`config.draining`, connection.configure).
 - `_send_data`'s error path indexes `self.stream_buffers` again (h2.py:177-182) after the KeyError it is
   handling; a stream whose buffer is already gone is now just dropped from the send priority.
 """
@@ -62,7 +65,7 @@ class TotalH2Protocol(H2Protocol):
         for event in events:
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
                 self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, h2.events.RequestReceived) and self.context.terminated.is_set():
+            elif isinstance(event, h2.events.RequestReceived) and self._draining():
                 self.connection.reset_stream(event.stream_id, error_code=h2.errors.ErrorCodes.REFUSED_STREAM)
                 self.connection.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 0})
                 await self._flush()
@@ -87,7 +90,7 @@ class TotalH2Protocol(H2Protocol):
         if await self._goaway_if_drained():
             return
         # While draining, "idle" would let the server close the socket under frames not yet sent
-        await self.send(Updated(idle=self.idle and not (self.context.terminated.is_set() and self.stream_buffers)))
+        await self.send(Updated(idle=self.idle and not (self._draining() and self.stream_buffers)))
 
     async def handle(self, event) -> None:
         if isinstance(event, Closed) and self.context.terminated.is_set() and not self._goaway:
@@ -101,10 +104,13 @@ class TotalH2Protocol(H2Protocol):
                 pass
         await super().handle(event)
 
+    def _draining(self) -> bool:
+        return self.context.terminated.is_set() or getattr(self.config, "draining", lambda: False)()
+
     async def _goaway_if_drained(self) -> bool:
         """GOAWAY once a draining connection has no stream left and nothing left to send; then the server
         may close it (idle)."""
-        if not (self.context.terminated.is_set() and self.idle and not self.stream_buffers) or self._goaway:
+        if not (self._draining() and self.idle and not self.stream_buffers) or self._goaway:
             return False
         self._goaway = True
         try:

@@ -88,10 +88,10 @@ def _app(opts: ServeOptions):
         normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser))
 
 
-def _hypercorn_config(opts: ServeOptions, metrics) -> HypercornConfig:
+def _hypercorn_config(opts: ServeOptions, metrics, draining) -> HypercornConfig:
     hc = HypercornConfig()
     fault = os.environ.get("PYSERVE_FAULT_MARKER")  # tests only: see connection.py
-    connection.configure(hc, metrics.connection_errors, fault.encode() if fault else None)
+    connection.configure(hc, metrics.connection_errors, fault.encode() if fault else None, draining)
     hc.bind = [f"[{opts.host}]:{opts.port}" if ":" in opts.host else f"{opts.host}:{opts.port}"]
     hc.graceful_timeout = opts.drain_timeout + 5.0
     hc.accesslog = None
@@ -173,7 +173,8 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
     async with trio.open_nursery() as nursery:
         await nursery.start(signals.run)
         connection.install()
-        binds = await nursery.start(partial(hypercorn_serve, app, _hypercorn_config(opts, state.metrics),
+        binds = await nursery.start(partial(hypercorn_serve, app,
+                                            _hypercorn_config(opts, state.metrics, signals.stop.is_set),
                                             shutdown_trigger=signals.drained.wait))
         url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
         try:
