@@ -71,7 +71,8 @@ def requests_for(systems: list[str], n_questions: int, seed: int) -> list[tuple[
 async def stream_ttft(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
                       headers: dict) -> tuple[float, list[float]]:
     """(TTFT, the gaps between content chunks) of one streamed completion, in seconds."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
     t0 = time.perf_counter()
     stamps = []
     async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:

@@ -18,6 +18,9 @@ from pyserve.cli import main
 from pyserve.server.replicas import core_shares, free_ports
 from test_server import MODEL
 
+KEY = "sekrit"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
 
 def _pyserve(*args: str, pre: str = "pass") -> subprocess.CompletedProcess:
     code = f"import sys; {pre}; from pyserve.cli import main; sys.exit(main({list(args)!r}))"
@@ -84,6 +87,11 @@ def _port_of(pid: int) -> int:
     return int(args[last + 1])
 
 
+def _complete(url: str, headers: dict) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4},
+                      headers=headers, timeout=60)
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(url + "/health", timeout=5).status_code == 200
@@ -93,15 +101,17 @@ def _healthy(url: str) -> bool:
 
 def test_serve_replicas():
     """--replicas 2: two replicas on disjoint shares of this process's cores, a router in front answering on
-    --port; a replica killed is started again on its port and the router serves on; SIGTERM ends them all."""
+    --port and asking for the API key; a replica killed is started again on its port and the router serves on;
+    SIGTERM ends them all."""
     port = free_ports(1)[0]
-    with ServerProcess("--replicas", "2", "--port", str(port), threads=1) as srv:
+    with ServerProcess("--replicas", "2", "--port", str(port), "--api-key", KEY, threads=1) as srv:
         assert srv.url == f"http://127.0.0.1:{port}" and srv.model == MODEL
         reps = _replicas(srv.pid)
         cores = sorted(os.sched_getaffinity(0))
         assert sorted(c for s in reps.values() for c in s) == cores  # disjoint shares, all of them
         assert max(map(len, reps.values())) - min(map(len, reps.values())) <= 1
-        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4}, timeout=60)
+        assert _complete(srv.url, {}).status_code == 401  # the router's own answer
+        r = _complete(srv.url, AUTH)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         victim = min(reps)
         victim_port = _port_of(victim)
@@ -113,8 +123,7 @@ def test_serve_replicas():
         assert _port_of(again) == victim_port and os.sched_getaffinity(again) == reps[victim]
         while not _healthy(f"http://127.0.0.1:{victim_port}") and time.monotonic() < deadline:
             time.sleep(0.1)  # (it listens once started, and answers 200 once its model is loaded)
-        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4}, timeout=60)
-        assert r.status_code == 200
+        assert _complete(srv.url, AUTH).status_code == 200
         children = _children(srv.pid)
         assert srv.stop() == 0, "".join(srv.stderr[-30:])
     assert all(not os.path.exists(f"/proc/{c}") for c in children)

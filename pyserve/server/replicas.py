@@ -101,19 +101,18 @@ class Replica:
 
 
 class Supervisor:
-    """The replicas and the router; `run` returns the exit code."""
+    """The replicas (started here, once every setting is known good) and the router (`start_router`)."""
 
     def __init__(self, args: argparse.Namespace, serve_argv: list[str]):
+        if not args.port:
+            raise ValueError("--replicas needs a fixed --port (the router's)")
         own, rest = _own_options(serve_argv)
-        n = int(own.replicas)
-        shares = core_shares(sorted(os.sched_getaffinity(0)), n)
-        ports = free_ports(n)
-        self.replicas = [Replica(rest, port, cores, args.threads or len(cores)) for port, cores in zip(ports, shares)]
+        shares = core_shares(sorted(os.sched_getaffinity(0)), int(own.replicas))
         keys = load_keys(args.api_key or [], args.api_key_file)
         self.auth = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
         self.host, self.port, self.model = args.host, args.port, ""
-        if not self.port:
-            raise ValueError("--replicas needs a fixed --port (the router's)")
+        self.replicas = [Replica(rest, port, cores, args.threads or len(cores))
+                         for port, cores in zip(free_ports(len(shares)), shares)]
         self.router_args = ["--host", args.host, "--port", str(args.port), "--log-level", "warn",
                             *(["--api-key", keys[0]] if keys else []),
                             "--worker-urls", *[r.url for r in self.replicas], *shlex.split(args.router_args)]
@@ -135,7 +134,7 @@ class Supervisor:
 
     def start_router(self) -> None:
         """Starts the router and waits until it counts every replica healthy; the served model's name."""
-        self.router = subprocess.Popen(router_command(self.router_args))
+        self.router = subprocess.Popen(router_command(self.router_args), stdout=sys.stderr)  # it logs to stdout
         url = f"http://{_local(self.host)}:{self.port}"
         deadline = time.monotonic() + 60
         while not self._router_ready(url):
@@ -154,7 +153,7 @@ class Supervisor:
             return False
 
     def watch(self) -> int:
-        """Restarts replicas that exit; returns the router's exit code if it ends first, else None at a signal."""
+        """Restarts replicas that exit until a signal (then 0), or the router's exit code if it ends first."""
         while not self.stopping.wait(0.5):
             if self.router.poll() is not None:
                 log.error("the router exited with code %s", self.router.returncode)
