@@ -104,7 +104,7 @@ def _serve_parser(sub) -> None:
     srv.add_argument("--no-normalize-embeddings", action="store_true", help="embeddings without L2 normalisation")
     srv.add_argument("--target-itl", type=float, default=None, metavar="SECONDS",
                      help="step-time target while streams run: each step takes only the prompt tokens that keep "
-                          "its predicted time under this, so inter-token latency holds under load (default 0.030; "
+                          "its predicted time under this, so inter-token latency holds under load (default 0.020; "
                           "0: the fixed --max-num-batched-tokens budget)")
     srv.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS), metavar="NAME",
                      help="how the model writes tool calls: " + ", ".join(sorted(TOOL_PARSERS)) +

@@ -33,7 +33,7 @@ log = logging.getLogger("pyserve.server")
 # The step-time target of `pyserve serve` (docs/BENCHMARKS.md: how it was chosen): a step beside running
 # streams takes only the prompt tokens that keep it under this, so inter-token latency stays steady while
 # new prompts still go in, in big chunks when nothing streams
-DEFAULT_TARGET_ITL = 0.030
+DEFAULT_TARGET_ITL = 0.020
 
 
 @dataclass
