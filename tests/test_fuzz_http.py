@@ -56,7 +56,7 @@ def test_schemathesis_no_server_errors(tmp_path):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
         report = out.stdout + out.stderr
         print(report[-3000:])
-        assert out.returncode == 0, report[-6000:]
+        assert out.returncode == 0, report[-6000:] + "".join(srv.stderr)[-4000:]
         assert "Server error" not in report and "Network Error" not in report, report[-6000:]
         assert httpx.get(srv.url + "/health").status_code == 200
     finally:

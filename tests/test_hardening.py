@@ -79,6 +79,7 @@ BAD_CHAT = [
     ({"messages": U, "model": 5}, "model"),
     ({"messages": U, "chat_template_kwargs": []}, "chat_template_kwargs"),
     ({"messages": U, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": U, "min_tokens": 1 << 43}, "min_tokens"),  # beyond the engine's int (found by schemathesis)
 ]
 
 BAD_COMPLETION = [

@@ -144,6 +144,7 @@ BAD = [  # (body fields, the param the 400 names, a word of its message)
     ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
     ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
     ({"structured_outputs": {"structural_tag": {"structures": []}}}, "structured_outputs", "not supported"),
+    ({"json_schema": False}, "json_schema", "admits no document"),
 ]
 
 

@@ -35,7 +35,7 @@ _VALUE_KEYS = frozenset({"enum", "const", "default", "examples"})  # hold instan
 class StructuredOutputsParams:
     """Exactly one of json (a schema, as a dict or its JSON text), regex, choice (the allowed strings), grammar
     (Lark or llama.cpp's GBNF) or json_object (any JSON object); whitespace_pattern applies to JSON."""
-    json: Optional[Union[str, dict]] = None
+    json: Optional[Union[str, dict, bool]] = None
     regex: Optional[str] = None
     choice: Optional[tuple[str, ...]] = None
     grammar: Optional[str] = None
@@ -45,8 +45,8 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         if isinstance(self.choice, list):
             object.__setattr__(self, "choice", tuple(self.choice))
-        given = [f.name for f in fields(self)
-                 if f.name != "whitespace_pattern" and getattr(self, f.name) not in (None, False)]
+        given = [f.name for f in fields(self) if f.name != "whitespace_pattern" and getattr(self, f.name) is not None
+                 and not (f.name == "json_object" and self.json_object is False)]
         if len(given) != 1:
             raise ValueError(f"structured_outputs: exactly one of json, regex, choice, grammar, json_object, "
                              f"got {', '.join(given) or 'none'}")
@@ -84,16 +84,20 @@ class StructuredOutputsParams:
                 "item_separator": ",", "key_separator": ":"}
 
 
-def _parse_schema(schema: Union[str, dict]) -> dict:
-    if isinstance(schema, dict):
-        return schema
-    try:
-        value = json.loads(schema)
-    except ValueError as e:
-        raise ValueError(f"json: the schema is not valid JSON: {e}") from None
-    if not isinstance(value, (dict, bool)):
-        raise ValueError(f"json: a schema is an object, got {type(value).__name__}")
-    return value
+def _parse_schema(schema: Union[str, dict, bool]) -> dict:
+    """The schema as an object: JSON text parsed, `true` (anything) as {}; `false` admits nothing."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise ValueError(f"json: the schema is not valid JSON: {e}") from None
+    if schema is True:
+        return {}
+    if schema is False:
+        raise ValueError("json: the schema `false` admits no document")
+    if not isinstance(schema, dict):
+        raise ValueError(f"json: a schema is an object or a boolean, got {type(schema).__name__}")
+    return schema
 
 
 def map_schemas(schema: Any, fn: Callable[[dict], dict]) -> Any:

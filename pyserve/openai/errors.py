@@ -86,7 +86,7 @@ def from_validation(e: ValidationError) -> OpenAIError:
 
 # ---- engine → OpenAI ----
 
-_FIELD = re.compile(r"^([a-z_]+)(?::| must| is| holds)")
+_FIELD = re.compile(r"^([a-z_]+)(?::| must| is| holds| has)")
 _KNOWN_FIELDS = frozenset({"prompt", "logit_bias", "stop_token_ids", "temperature", "top_k", "top_p", "min_p",
                            "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "max_tokens",
                            "n", "logprobs", "stop", "min_tokens"})

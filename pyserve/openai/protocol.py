@@ -170,7 +170,7 @@ TopK = Annotated[Optional[int], Field(ge=-1)]
 MinP = Annotated[Optional[float], Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[Optional[float], Field(gt=0, le=2)]
 PromptLogprobs = Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)]  # vLLM's: alternatives per prompt token
-MinTokens = Annotated[Optional[int], Field(ge=0)]  # vLLM's: no end (EOS, stop ids or strings) before this
+MinTokens = Annotated[Optional[int], Field(ge=0, lt=1 << 31)]  # vLLM's: no end (EOS, stop ids, strings) before this
 Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (negative: as its 63-bit mask)
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
 

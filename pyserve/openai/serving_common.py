@@ -52,8 +52,8 @@ async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req
     await check_constraint(model, *req.structured())
     out, n = [], req.n_choices
     for p, ids in enumerate(prompts):
-        params = req.to_sampling_params(max_tokens_for(model, req, len(ids), prompt_param))
         try:
+            params = req.to_sampling_params(max_tokens_for(model, req, len(ids), prompt_param))
             model.engine.check(ids, params)
         except ValueError as e:
             raise from_engine(e, prompt_param) from None
