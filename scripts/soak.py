@@ -131,7 +131,7 @@ BAD_JSON = [
     ("/v1/completions", [1, 2, 3]),
     ("/v1/chat/completions", {"messages": "not a list"}),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "hi"}]}),
-    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}),  # tool_choice without tools
     ("/v1/chat/completions", {"messages": CHAT, "chat_template": "{% if %}"}),
     ("/v1/chat/completions", {"messages": CHAT, "stream_options": {"include_usage": True}}),
     ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"abc": 1}}),
