@@ -72,7 +72,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   if (cfg_.block_size <= 0 || cfg_.max_num_seqs <= 0 || cfg_.max_batched_tokens <= 0)
     throw std::invalid_argument("block_size, max_num_seqs and max_batched_tokens must be positive");
   int nb = default_blocks(hp, cfg_);
-  pool_ = std::make_unique<ThreadPool>(cfg_.n_threads);
+  pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);

@@ -146,7 +146,7 @@ class Engine {
   EngineConfig cfg_;
   std::shared_ptr<GGUFFile> file_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<ThreadPool> pool_;  // shared with the process's other engines of its size
   std::unique_ptr<KVCache> kv_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -1,5 +1,6 @@
 #include "engine_loop.h"
 
+#include "step_turns.h"
 #include "threadpool.h"
 
 #include <sys/eventfd.h>
@@ -82,6 +83,7 @@ void EngineLoop::run() {
     }
     std::vector<StepOutput> outs;
     try {
+      StepTurns::Turn turn(StepTurns::process());  // several engines in one process: one steps at a time
       outs = engine_.step();
     } catch (const std::exception& e) {
       outs = engine_.fail_all(e.what());

@@ -1,6 +1,7 @@
 #include "threadpool.h"
 
 #include <chrono>
+#include <map>
 
 #if defined(__linux__)
 #include <sys/resource.h>
@@ -40,6 +41,16 @@ void lower_thread_priority() {
 #endif
 }
 
+std::shared_ptr<ThreadPool> ThreadPool::shared(int n_threads) {
+  static std::mutex mu;
+  static std::map<int, std::weak_ptr<ThreadPool>> teams;  // by size; a team ends with its last engine
+  const int n = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+  std::lock_guard<std::mutex> lk(mu);
+  std::shared_ptr<ThreadPool> team = teams[n].lock();
+  if (!team) teams[n] = team = std::make_shared<ThreadPool>(n);
+  return team;
+}
+
 ThreadPool::ThreadPool(int n_threads) {
   n_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
   for (int i = 1; i < n_; i++) threads_.emplace_back([this, i] { worker(i); });
@@ -60,6 +71,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
+  std::lock_guard<std::mutex> turn(run_mu_);
   job_ = &fn;
   pending_.store(n_ - 1, std::memory_order_relaxed);
   {

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -28,9 +29,14 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // The process's team of n_threads (<= 0: one per hardware thread), made on first use and shared by every
+  // engine that asks for that size while one holds it: engines in one process take turns stepping
+  // (step_turns.h), so a team of their own would only spin on the cores while another engine's team works.
+  static std::shared_ptr<ThreadPool> shared(int n_threads);
+
   int size() const { return n_; }
-  // Runs fn(ith, nth) on every thread, the caller as ith 0, and returns when all have finished.
-  // Not reentrant: fn must not call run().
+  // Runs fn(ith, nth) on every thread, the caller as ith 0, and returns when all have finished. Callers on
+  // several threads (engines sharing the team) run one at a time. Not reentrant: fn must not call run().
   void run(const std::function<void(int, int)>& fn);
 
   // [begin, end) of thread ith's contiguous share of n items.
@@ -63,6 +69,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
+  std::mutex run_mu_;  // one caller's job at a time
 };
 
 }  // namespace pyserve
