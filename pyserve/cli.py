@@ -11,8 +11,13 @@ from .server.replicas import add_replica_args
 from .server.router_launch import add_router_parser
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M Q4_K_M from its PyPI package)")
+def _engine_args(p: argparse.ArgumentParser, models: bool = False) -> None:
+    if models:
+        p.add_argument("--model", action="append", default=None, metavar="PATH|NAME=PATH",
+                       help="a GGUF file, served under its file name or NAME (repeatable; default: Gemma 3 270M "
+                            "Q4_K_M from its PyPI package, unless --models-dir or --models-config is given)")
+    else:
+        p.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M Q4_K_M from its PyPI package)")
     p.add_argument("--threads", type=int, default=0, help="engine threads (default: one per core)")
     p.add_argument("--ctx-size", type=int, default=0, help="max tokens per sequence (default: the model's, at most 8192)")
     kv = p.add_mutually_exclusive_group()
@@ -42,12 +47,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _bytes(text: str) -> int:
     """A byte count, with an optional K/M/G/T suffix (powers of 1024)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    from .server.model_options import byte_size
+
     try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r}") from None
+        return byte_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -57,8 +62,12 @@ def _serve(args: argparse.Namespace) -> int:
         return run_replicas(args)
     from .server.runner import DEFAULT_TARGET_ITL, ServeOptions, run
 
-    return run(ServeOptions(model=args.model, host=args.host, port=args.port,
-                            served_model_name=args.served_model_name, chat_template=args.chat_template,
+    max_loaded = args.max_loaded_models if args.max_loaded_models is not None else 0 if args.models_memory else 1
+    return run(ServeOptions(models=args.model or [], host=args.host, port=args.port,
+                            served_model_name=args.served_model_name or [], models_dir=args.models_dir,
+                            models_config=args.models_config, max_loaded_models=max_loaded,
+                            models_memory=args.models_memory, keep_alive=args.keep_alive, preload=args.preload or [],
+                            chat_template=args.chat_template,
                             api_keys=args.api_key or [], api_key_file=args.api_key_file,
                             metrics_require_key=args.metrics_require_key,
                             allowed_origins=[o for v in (args.allowed_origins or []) for o in v.split(",") if o],
@@ -90,10 +99,13 @@ def _serve_parser(sub) -> None:
     from .openai.tool_parsers import TOOL_PARSERS  # pure Python: cheap to import for --help
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
-    _engine_args(srv)
+    _engine_args(srv, models=True)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0: any free port (the ready line names it)")
-    srv.add_argument("--served-model-name", default=None, help="the model name clients use (default: the file name)")
+    srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                     help="the names clients use for the one --model: the first, then aliases (default: the file "
+                          "name)")
+    _models_args(srv)
     srv.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template file")
     srv.add_argument("--trust-request-chat-template", action="store_true",
                      help="render a 'chat_template' sent in a request (with CPU and memory limits); refused "
@@ -115,6 +127,24 @@ def _serve_parser(sub) -> None:
     srv.set_defaults(func=_serve)
 
 
+def _models_args(srv: argparse.ArgumentParser) -> None:
+    srv.add_argument("--models-dir", default=None, metavar="DIR",
+                     help="serve every *.gguf of DIR under its file name, loaded on its first request (files added "
+                          "later are found)")
+    srv.add_argument("--models-config", default=None, metavar="FILE",
+                     help="per-model settings, a TOML (or YAML) table per model: path, aliases, ctx_size, threads, "
+                          "kv_cache_memory, num_kv_blocks, max_num_seqs, max_num_batched_tokens, chat_template")
+    srv.add_argument("--max-loaded-models", type=int, default=None, metavar="N",
+                     help="models loaded at once; the least recently used makes room, an idle one first, a busy "
+                          "one once its requests end (default 1, no bound with --models-memory; 0: no bound)")
+    srv.add_argument("--models-memory", type=_bytes, default=0, metavar="BYTES",
+                     help="memory the loaded models may hold, each its file plus its KV cache (0: no bound)")
+    srv.add_argument("--keep-alive", type=float, default=0.0, metavar="SECONDS",
+                     help="unload a model unused this long (0: keep it; --keep-alive-timeout is the connections')")
+    srv.add_argument("--preload", action="append", default=None, metavar="NAME",
+                     help="load this model at start (repeatable); /health is 200 once they are loaded")
+
+
 def _edge_args(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
                      help="require 'Authorization: Bearer KEY' (repeatable; also PYSERVE_API_KEY)")
@@ -128,7 +158,8 @@ def _edge_args(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-waiting", type=int, default=0,
                      help="sequences allowed to wait beyond the running batch; more get 429 (0: unbounded)")
     srv.add_argument("--max-queue-wait", type=float, default=0.0,
-                     help="refuse (429) a request estimated to start later than this many seconds (0: off)")
+                     help="refuse (429) a request estimated to start later than this many seconds, and (503) one "
+                          "that waited this long for room to load its model (0: off)")
     srv.add_argument("--max-body-size", type=_bytes, default=8 << 20, help="largest request body (413 above)")
     srv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to receive a body (408 after)")
     srv.add_argument("--keep-alive-timeout", type=float, default=15.0,

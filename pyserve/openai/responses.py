@@ -160,6 +160,12 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "pyserve"
     max_model_len: int
+    # several models behind one server: the model this name serves (an alias's canonical name), whether it
+    # is loaded now, and "loading" / "available" (loaded on the first request) / "unavailable" (see `error`)
+    root: Optional[str] = None
+    loaded: Optional[bool] = None
+    status: Optional[str] = None
+    error: Optional[str] = None
 
 
 class ModelList(BaseModel):

@@ -28,11 +28,13 @@ class ServedModel:
     pooling: str = "last"  # embeddings: the last token's hidden state, or the mean over the prompt
     normalize_embeddings: bool = True  # L2-normalised
     tool_call_parser: Optional[str] = None  # --tool-call-parser: the family of tool calls (None: from the template)
+    aliases: tuple[str, ...] = ()  # other names clients may send as `model` for it
 
     @classmethod
     def from_engine(cls, engine, name: Optional[str] = None, chat_template: Optional[str] = None,
                     trust_request_chat_template: bool = False, pooling: str = "last",
-                    normalize_embeddings: bool = True, tool_call_parser: Optional[str] = None) -> "ServedModel":
+                    normalize_embeddings: bool = True, tool_call_parser: Optional[str] = None,
+                    aliases: tuple[str, ...] = ()) -> "ServedModel":
         llm = engine.llm
         cfg, hp = llm.engine.config, llm.engine.hparams
         template = chat_template if chat_template is not None else _model_template(llm.engine.metadata)
@@ -40,10 +42,11 @@ class ServedModel:
                    min(cfg["n_ctx"], cfg["num_kv_blocks"] * cfg["block_size"]), int(cfg.get("max_num_seqs", 64)),
                    _longest_token(engine.tokenizer, hp["n_vocab"]), template,
                    "" if template is not None else _NO_TEMPLATE, trust_request_chat_template, int(time.time()),
-                   hp["n_embd"], pooling, normalize_embeddings, tool_call_parser)
+                   hp["n_embd"], pooling, normalize_embeddings, tool_call_parser,
+                   tuple(aliases))
 
     def check_name(self, name: Optional[str]) -> None:
-        if name is not None and name != self.name:
+        if name is not None and name != self.name and name not in self.aliases:
             raise model_not_found(name)
 
     def check_text_size(self, nbytes: int, param: str, factor: int = 1) -> None:

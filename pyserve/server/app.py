@@ -1,9 +1,11 @@
 """The ASGI app (Quart-Trio): `create_app(engine, config)` builds it around an open AsyncLLM.
 
-`engine` may be None and set later with `app.pyserve.set_engine(engine)`: the server listens while the
-model loads, and /health answers 503 till then. Layers: the edge (edge.py) runs before every route; routes
-(routes.py) parse, hand the serving layer what it needs, and wrap what it returns; errors of any layer
-become OpenAI's error JSON here, once.
+`engine` may be None and set later with `app.pyserve.set_engine(engine)`, or the models given as a Catalog
+with `app.pyserve.serve_models(catalog, preload)` (`pyserve serve`: loaded on demand by the ModelRegistry,
+model_registry.py): the server listens while the models load, and /health answers 503 till then. Each
+request's model is chosen by its `model` field; the request holds a lease on it until its last byte.
+Layers: the edge (edge.py) runs before every route; routes (routes.py) parse, hand the serving layer what
+it needs, and wrap what it returns; errors of any layer become OpenAI's error JSON here, once.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from werkzeug.exceptions import HTTPException
 
 from ..openai.context import RequestContext
 from ..openai.errors import OpenAIError, loading, server_error
-from ..openai.responses import ModelCard
 from ..openai.served_model import ServedModel
 from ..openai.serving_chat import ChatServing
 from ..openai.serving_completions import CompletionServing
@@ -25,11 +26,14 @@ from ..openai.serving_embeddings import EmbeddingServing
 from ..openai.serving_tokens import TokenServing
 from .config import ServerConfig
 from .edge import Edge
-from .metrics import Metrics, instrument
+from .metrics import TIMER_KEY, Metrics, instrument
+from .model_catalog import Catalog, ModelSpec
+from .model_registry import ModelLimits, ModelRegistry
 from .responses import json_response
 from .routes import add_routes
 
 log = logging.getLogger("pyserve.server")
+LEASES_KEY = "pyserve.leases"  # the request's model leases in the ASGI scope, released after its last byte
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large",
                415: "unsupported_media_type"}
 
@@ -37,7 +41,7 @@ __all__ = ["create_app", "ServerConfig"]
 
 
 class Serving:
-    """The serving objects of the loaded model."""
+    """The serving objects of one loaded model."""
 
     def __init__(self, model: ServedModel):
         self.model = model
@@ -46,39 +50,76 @@ class Serving:
         self.tokens = TokenServing(model, self.chat)
         self.embeddings = EmbeddingServing(model)
 
-    def model_card(self) -> ModelCard:
-        m = self.model
-        return ModelCard(id=m.name, object="model", created=m.created, owned_by="pyserve", max_model_len=m.max_model_len)
-
 
 class AppState:
-    """The app's state: the config, the model's serving once loaded, the edge, the metrics, the drain."""
+    """The app's state: the config, the models (the registry), the edge, the metrics, the drain."""
 
     def __init__(self, config: ServerConfig):
         self.config = config
         self.metrics = Metrics()
-        self.edge = Edge(config, self.metrics, lambda: self.loaded.model.max_num_seqs if self.loaded else 64)
-        self.loaded: Optional[Serving] = None
+        self.edge = Edge(config, self.metrics,
+                         lambda: sum(s.model.max_num_seqs for s in self.models.ready_models) or 64)
+        self.models = ModelRegistry(self.metrics, self._serving_for, ModelLimits(
+            config.max_loaded_models, config.models_memory, config.max_queue_wait, config.keep_alive))
+        self.ready = False  # the models to load at start are loaded
         self.draining = trio.Event()  # set at the drain deadline: in-flight responses end
 
-    def set_engine(self, engine) -> None:
+    def _serving_for(self, engine, spec: Optional[ModelSpec]) -> Serving:
+        """An open engine's Serving (a worker thread may build it: reading the vocabulary takes a while)."""
         c = self.config
-        model = ServedModel.from_engine(engine, c.served_model_name, c.chat_template, c.trust_request_chat_template,
-                                        c.pooling, c.normalize_embeddings, c.tool_call_parser)
-        self.metrics.serve_model(model.name, engine.stats)
-        self.loaded = Serving(model)
+        name, aliases = (spec.name, spec.aliases) if spec else (c.served_model_name, tuple(c.aliases))
+        template = spec.chat_template if spec and spec.chat_template is not None else c.chat_template
+        return Serving(ServedModel.from_engine(engine, name, template, c.trust_request_chat_template, c.pooling,
+                                               c.normalize_embeddings, c.tool_call_parser, aliases))
 
-    def serving(self) -> Serving:
-        if self.loaded is None:
+    def set_engine(self, engine) -> None:
+        """Serves an engine the caller opened (and closes), as the one model."""
+        serving = self._serving_for(engine, None)
+        self.metrics.model_name = serving.model.name
+        self.models.add_open(serving)
+        self.ready = True
+
+    def serve_models(self, catalog: Catalog, preload: list[str]) -> None:
+        """Serves the catalog's models (the registry's `running` block loads them); one model given alone is
+        the default of requests that name none, and the label of the server-wide series."""
+        names = catalog.names()
+        single = len(names) == 1 and not catalog.dynamic
+        self.metrics.model_name = names[0] if single else ""
+        self.models.serve(catalog, names[0] if single else (catalog.resolve(preload[0]) if preload else None))
+
+    async def serving(self, name: Optional[str]) -> Serving:
+        """The Serving of the model `name` answers to (None: the default), leased until the request ends."""
+        if not self.ready:
             raise loading()
-        return self.loaded
+        lease = await self.models.acquire(name)
+        request.scope[LEASES_KEY].append(lease)
+        timer = request.scope.get(TIMER_KEY)
+        if timer is not None:
+            timer.model = lease.serving.model.name
+        return lease.serving
+
+    async def model_cards(self) -> list:
+        """/v1/models: every model, loaded or not."""
+        if not self.ready:
+            raise loading()
+        return await self.models.cards()
+
+    async def model_card(self, name: str):
+        if not self.ready:
+            raise loading()
+        return await self.models.card(name)
 
     def context(self) -> RequestContext:
         return self.edge.context(request, self.draining)
 
     @property
+    def loaded(self) -> Optional[Serving]:
+        """The default model's Serving while it is loaded."""
+        return self.models.loaded(None) if self.models.default else None
+
+    @property
     def served_model_name(self) -> str:
-        return self.loaded.model.name if self.loaded else (self.config.served_model_name or "pyserve")
+        return self.models.default or self.config.served_model_name or "pyserve"
 
     @property
     def stopping(self) -> bool:
@@ -102,6 +143,7 @@ def create_app(engine=None, config: Optional[ServerConfig] = None) -> QuartTrio:
     add_routes(app, state)
     _shield_final_send(app)
     _refuse_websockets(app)
+    _hold_leases(app)
     instrument(app, state.metrics)  # outermost: the arrival time is taken before anything else runs
     return app
 
@@ -142,6 +184,24 @@ def _http_message(e: HTTPException) -> str:
         return (f"{request.method} {request.path[:200]} is not supported by pyserve; see /openapi.json for the "
                 f"endpoints it serves")
     return e.description or e.name
+
+
+def _hold_leases(app: QuartTrio) -> None:
+    """A request's model leases (AppState.serving) are released when its ASGI call returns: after the last
+    body write of a stream, or when it is cancelled (a client gone)."""
+    inner = app.asgi_app
+
+    async def asgi_app(scope, receive, send):
+        if scope["type"] != "http":
+            return await inner(scope, receive, send)
+        leases = scope[LEASES_KEY] = []
+        try:
+            return await inner(scope, receive, send)
+        finally:
+            for lease in leases:
+                lease.release()
+
+    app.asgi_app = asgi_app
 
 
 def _refuse_websockets(app: QuartTrio) -> None:

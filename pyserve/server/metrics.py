@@ -63,6 +63,7 @@ class _Children:
         self.generation_tokens = m.generation_tokens.labels(name)
         self.aborted = m.aborted.labels(name)
         self.name = name
+        self.inflight = 0  # this model's generation requests being served
         self._success = m.success
         self._success_children: dict[str, object] = {}
 
@@ -74,12 +75,15 @@ class _Children:
 
 
 class Metrics:
-    """The app's registry. What it does not observe itself it is handed: the model name and the engine's
-    stats (`serve_model`), the in-flight count, and the edge's refusal counters (`add_counter`)."""
+    """The app's registry. What it does not observe itself it is handed: each loaded model's engine stats
+    (`serve_model` / `unserve_model`), the in-flight count, and the edge's refusal counters (`add_counter`).
+    `model_name` labels the server-wide series (the edge's counters): the model's name when the server has
+    one, "" when it serves several."""
 
     def __init__(self):
         self.model_name = ""
-        self.engine_stats: Callable[[], dict] = dict  # the engine's counters, read at scrape time
+        self._engines: dict[str, Callable[[], dict]] = {}  # loaded model → its engine's stats, read at scrape
+        self._retired: dict[str, dict] = {}  # unloaded model → its engines' counters so far (they never go back)
         self.inflight = InFlight()
         self._counters: list[tuple[str, str, Callable[[], int]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
@@ -109,10 +113,18 @@ class Metrics:
         self._connection_errors = Counter("pyserve:connection_errors", "connections ended by an error inside them "
                                           "(contained: the server went on), by kind", ["kind"], registry=r)
         r.register(self)  # the engine's gauges and counters, read at scrape time
-        self._children: Optional[_Children] = None
+        self._children: dict[str, _Children] = {}
 
     def serve_model(self, name: str, engine_stats: Callable[[], dict]) -> None:
-        self.model_name, self.engine_stats = name, engine_stats
+        """A model's engine is loaded: its stats are read at each scrape, labelled with its name."""
+        self._engines[name] = engine_stats
+
+    def unserve_model(self, name: str) -> None:
+        """Its engine is going: its counters are kept (a model loaded again counts on from there)."""
+        stats = self._engines.pop(name, dict)()
+        kept = self._retired.setdefault(name, {})
+        for key, _, _ in _COUNTERS:
+            kept[key] = kept.get(key, 0) + stats.get(key, 0)
 
     def connection_errors(self, kind: str) -> None:
         """One connection ended by an error of this kind (server/connection.py)."""
@@ -122,29 +134,33 @@ class Metrics:
         """A counter kept elsewhere (the edge's refusals), read at scrape time."""
         self._counters.append((metric, doc, value))
 
-    def children(self) -> _Children:
-        name = self.model_name
-        c = self._children
-        if c is None or c.name != name:
-            c = self._children = _Children(self, name)
+    def children(self, name: Optional[str] = None) -> _Children:
+        name = self.model_name if name is None else name
+        c = self._children.get(name)
+        if c is None:
+            c = self._children[name] = _Children(self, name)
         return c
 
     def collect(self):
-        labels, name = ["model_name"], self.model_name
-        stats = self.engine_stats()
+        stats = {name: engine_stats() for name, engine_stats in self._engines.items()}
+        for name in [*self._retired, *(n for n, c in self._children.items() if c.inflight)]:
+            stats.setdefault(name, {})
+        if not stats:
+            stats[self.model_name] = {}  # nothing loaded (yet): the series exist, at 0
         for key, metric, doc in _GAUGES:
-            yield _family(GaugeMetricFamily, metric, doc, name, stats.get(key, 0))
-        total = stats.get("blocks_total", 0)
+            yield _family(GaugeMetricFamily, metric, doc, {n: s.get(key, 0) for n, s in stats.items()})
         yield _family(GaugeMetricFamily, "pyserve:kv_cache_usage_perc", "fraction of KV cache blocks in use (0-1)",
-                      name, stats.get("blocks_used", 0) / total if total else 0.0)
+                      {n: s.get("blocks_used", 0) / s["blocks_total"] if s.get("blocks_total") else 0.0
+                       for n, s in stats.items()})
         yield _family(GaugeMetricFamily, "pyserve:http_requests_in_flight", "generation requests being served",
-                      name, self.inflight.count)
+                      {n: self._children[n].inflight if n in self._children else 0 for n in stats})
         for key, metric, doc in _COUNTERS:
-            yield _family(CounterMetricFamily, metric, doc, name, stats.get(key, 0))
+            yield _family(CounterMetricFamily, metric, doc,
+                          {n: s.get(key, 0) + self._retired.get(n, {}).get(key, 0) for n, s in stats.items()})
         for metric, doc, value in self._counters:
-            yield _family(CounterMetricFamily, metric, doc, name, value())
-        if "step_buckets" in stats:
-            yield _step_histogram(stats, name)
+            yield _family(CounterMetricFamily, metric, doc, {self.model_name: value()})
+        if any("step_buckets" in s for s in stats.values()):
+            yield _step_histogram(stats)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -164,19 +180,23 @@ _COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
              ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model")]
 
 
-def _step_histogram(stats: dict, name: str) -> HistogramMetricFamily:
-    """The engine's step times (schedule → forward → sampling, on the engine thread): what inter-token latency
+def _step_histogram(stats: dict) -> HistogramMetricFamily:
+    """The engines' step times (schedule → forward → sampling, on the engine thread): what inter-token latency
     would be with nothing else on the path; compare with pyserve:inter_token_latency_seconds."""
     f = HistogramMetricFamily("pyserve:engine_step_seconds", "wall time of each engine step",
                               labels=["model_name"])
-    buckets = [(repr(b), c) for b, c in zip(stats["step_bucket_bounds"], stats["step_buckets"])]
-    f.add_metric([name], buckets + [("+Inf", stats["steps"])], stats["step_seconds_sum"])
+    for name, s in stats.items():
+        if "step_buckets" in s:
+            buckets = [(repr(b), c) for b, c in zip(s["step_bucket_bounds"], s["step_buckets"])]
+            f.add_metric([name], buckets + [("+Inf", s["steps"])], s["step_seconds_sum"])
     return f
 
 
-def _family(kind, metric: str, doc: str, name: str, value):
+def _family(kind, metric: str, doc: str, values: dict):
+    """One metric family, a sample per model name."""
     f = kind(metric, doc, labels=["model_name"])
-    f.add_metric([name], value)
+    for name, value in values.items():
+        f.add_metric([name], value)
     return f
 
 
@@ -210,7 +230,7 @@ class RequestTimer:
 
     __slots__ = ("metrics", "arrival", "active", "stream", "pending", "n_prompt", "n_tokens", "first_write",
                  "last_visible", "first_visible", "end_ts", "outcome", "reasons", "scheduled", "first_token_ts",
-                 "last_token_ts", "_c")
+                 "last_token_ts", "model", "_c")
 
     def __init__(self, metrics: Metrics, arrival: float):
         self.metrics = metrics
@@ -227,6 +247,7 @@ class RequestTimer:
         self.outcome: Optional[str] = None  # "ok", "abort" (client gone), "error"
         self.reasons: list[str] = []
         self.scheduled = self.first_token_ts = self.last_token_ts = 0.0
+        self.model: Optional[str] = None  # the served model's name (its series' label), set when it is chosen
         self._c: Optional[_Children] = None
 
     # ---- the serving layer ----
@@ -236,7 +257,8 @@ class RequestTimer:
         self.active = True
         self.stream = stream
         self.n_prompt = n_prompt
-        self._c = self.metrics.children()
+        self._c = self.metrics.children(self.model)
+        self._c.inflight += 1
         self.metrics.inflight.enter()
 
     def output(self, out) -> int:
@@ -270,6 +292,7 @@ class RequestTimer:
         self.outcome = outcome
         if outcome == "ok" and not self.stream:
             self.pending = self.n_tokens
+        self._c.inflight -= 1
         self.metrics.inflight.leave()
 
     # ---- the ASGI wrapper ----

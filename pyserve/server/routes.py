@@ -32,46 +32,53 @@ def _generation_routes(app: QuartTrio, state) -> None:
     @app.post("/completions")  # clients configured with a base URL without /v1 (llama.cpp's server takes both)
     async def completions():
         req = await _body(CompletionRequest)
-        return reply(await state.serving().completions.create(req, state.context()))
+        serving = await state.serving(req.model)
+        return reply(await serving.completions.create(req, state.context()))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
     async def embeddings():
         req = await _body(EmbeddingRequest)
-        return json_response(await state.serving().embeddings.create(req, state.context()))
+        serving = await state.serving(req.model)
+        return json_response(await serving.embeddings.create(req, state.context()))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions():
         req = await _body(ChatCompletionRequest)
-        return reply(await state.serving().chat.create(req, state.context()))
+        serving = await state.serving(req.model)
+        return reply(await serving.chat.create(req, state.context()))
 
 
 def _token_routes(app: QuartTrio, state) -> None:
     @app.post("/tokenize")
     async def tokenize():
         req = await _body(TokenizeRequest)
-        return json_response(await state.serving().tokens.tokenize(req))
+        serving = await state.serving(req.model)
+        return json_response(await serving.tokens.tokenize(req))
 
     @app.post("/detokenize")
     async def detokenize():
         req = await _body(DetokenizeRequest)
-        return json_response(state.serving().tokens.detokenize(req))
+        serving = await state.serving(req.model)
+        return json_response(serving.tokens.detokenize(req))
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
-        return json_response(state.serving().tokens.tokenizer_info())
+        serving = await state.serving(request.args.get("model"))
+        return json_response(serving.tokens.tokenizer_info())
 
     @app.post("/apply-template")
     async def apply_template():
         req = await _body(TemplateRequest)
-        return json_response(await state.serving().tokens.apply_template(req))
+        serving = await state.serving(req.model)
+        return json_response(await serving.tokens.apply_template(req))
 
 
 def _info_routes(app: QuartTrio, state) -> None:
     @app.get("/health")
     async def health():
-        if state.loaded is None:
+        if not state.ready:
             return json_response({"status": "loading"}, 503)
         if state.stopping:
             return json_response({"status": "shutting down"}, 503)
@@ -80,14 +87,12 @@ def _info_routes(app: QuartTrio, state) -> None:
     @app.get("/v1/models")
     @app.get("/models")
     async def models():
-        return json_response(ModelList(object="list", data=[state.serving().model_card()]))
+        return json_response(ModelList(object="list", data=await state.model_cards()))
 
     @app.get("/v1/models/<path:model>")
     @app.get("/models/<path:model>")
     async def model(model: str):
-        serving = state.serving()
-        serving.model.check_name(model)
-        return json_response(serving.model_card())
+        return json_response(await state.model_card(model))
 
     @app.get("/openapi.json")
     async def openapi():
@@ -100,7 +105,8 @@ def _info_routes(app: QuartTrio, state) -> None:
 
     @app.get("/model_info")
     async def model_details():
-        return json_response(model_info(state.serving().model))
+        serving = await state.serving(request.args.get("model"))
+        return json_response(model_info(serving.model))
 
     @app.get("/metrics")
     async def metrics():

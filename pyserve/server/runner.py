@@ -1,5 +1,5 @@
-"""`pyserve serve`: Hypercorn (trio worker) around the app, the model loaded while it listens, and a drain
-on SIGINT / SIGTERM.
+"""`pyserve serve`: Hypercorn (trio worker) around the app, the models it loads at start loaded while it
+listens (the others on demand: model_registry.py), and a drain on SIGINT / SIGTERM.
 
 Shutdown: the first signal answers /health and new requests 503 (a router in front takes the replica out of
 rotation and retries those requests elsewhere); in-flight requests run on until they finish or the drain
@@ -23,11 +23,11 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from ..engine.async_llm import AsyncLLM
 from . import connection
 from .app import create_app
 from .auth import load_keys
 from .config import ServerConfig
+from .model_options import build_catalog
 
 log = logging.getLogger("pyserve.server")
 # The step-time target of `pyserve serve` (docs/BENCHMARKS.md: how it was chosen): a step beside running
@@ -38,10 +38,16 @@ DEFAULT_TARGET_ITL = 0.020
 
 @dataclass
 class ServeOptions:
-    model: Optional[str] = None
+    models: list = field(default_factory=list)  # each PATH or NAME=PATH; none (and no models_dir): the default
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: Optional[str] = None
+    served_model_name: list = field(default_factory=list)  # the one model's name, then its aliases
+    models_dir: Optional[str] = None
+    models_config: Optional[str] = None
+    max_loaded_models: int = 1  # 0: no bound
+    models_memory: int = 0
+    keep_alive: float = 0.0
+    preload: list = field(default_factory=list)  # names loaded at start (one model given alone: it)
     chat_template: Optional[str] = None  # a file path
     api_key: Optional[str] = None
     api_keys: list = field(default_factory=list)
@@ -78,14 +84,17 @@ def _app(opts: ServeOptions):
     keys = load_keys(list(opts.api_keys) + ([opts.api_key] if opts.api_key else []), opts.api_key_file)
     if keys:
         log.info("API keys required (%d configured)", len(keys))
+    names = list(opts.served_model_name)
     return create_app(None, ServerConfig(
-        opts.served_model_name, template, None, api_keys=keys, metrics_require_key=opts.metrics_require_key,
+        names[0] if names else None, template, None, api_keys=keys, metrics_require_key=opts.metrics_require_key,
         allowed_origins=list(opts.allowed_origins), rate_limit_rpm=opts.rate_limit_rpm,
         rate_limit_tpm=opts.rate_limit_tpm, max_waiting=opts.max_waiting, max_queue_wait=opts.max_queue_wait,
         max_body_size=opts.max_body_size, body_timeout=opts.body_timeout,
         stalled_client_timeout=opts.stalled_client_timeout,
         trust_request_chat_template=opts.trust_request_chat_template, pooling=opts.pooling,
-        normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser))
+        normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser,
+        aliases=names[1:], max_loaded_models=opts.max_loaded_models,
+        models_memory=opts.models_memory, keep_alive=opts.keep_alive))
 
 
 def _hypercorn_config(opts: ServeOptions, metrics, draining) -> HypercornConfig:
@@ -147,22 +156,24 @@ async def _drain(state, signals: _Signals, timeout: float) -> None:
         await inflight.wait_idle()
 
 
-async def _run_engine(opts: ServeOptions, state, signals: _Signals, url: str, task_status) -> None:
+async def _run_models(opts: ServeOptions, state, signals: _Signals, url: str, task_status) -> None:
     engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
                        kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
                        max_num_batched_tokens=opts.max_num_batched_tokens, target_itl=opts.target_itl)
-    async with AsyncLLM.open(opts.model, **engine_opts) as engine:
-        state.set_engine(engine)
+    catalog = await trio.to_thread.run_sync(partial(build_catalog, list(opts.models), opts.models_dir,
+                                                    opts.models_config, list(opts.served_model_name), engine_opts))
+    names = catalog.names()
+    preload = list(opts.preload) or (names if len(names) == 1 and not catalog.dynamic else [])
+    state.serve_models(catalog, preload)
+    async with state.models.running():  # on its way out every engine is closed, every abort applied
+        await state.models.preload(preload)
+        state.ready = True
         if not signals.stop.is_set():
-            print(f"pyserve: serving {state.served_model_name} on {url}", flush=True)
+            print(f"pyserve: serving {state.models.default or ','.join(names) or '-'} on {url}", flush=True)
             task_status.started(url)
         await signals.stop.wait()
         await _drain(state, signals, opts.drain_timeout)
         signals.drained.set()
-    # the engine is stopped and every abort applied: what is still held is a leak
-    s = engine.llm.engine.stats()
-    log.info("engine stopped: %d running, %d waiting, %d kv blocks in use", s["running"], s["waiting"],
-             s["blocks_used"])
 
 
 async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int:
@@ -178,7 +189,7 @@ async def serve(opts: ServeOptions, task_status=trio.TASK_STATUS_IGNORED) -> int
                                             shutdown_trigger=signals.drained.wait))
         url = binds[0] if binds else f"http://{opts.host}:{opts.port}"
         try:
-            await _run_engine(opts, state, signals, url, task_status)
+            await _run_models(opts, state, signals, url, task_status)
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"pyserve: error: {e}", file=sys.stderr, flush=True)
             code = 2

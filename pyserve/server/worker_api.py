@@ -15,6 +15,8 @@ What each router reads (their sources, and what they sent a replica on the wire;
 """
 from __future__ import annotations
 
+from quart import request
+
 from ..openai.served_model import ServedModel
 from .responses import json_response
 
@@ -50,9 +52,9 @@ def load(stats: dict, block_size: int) -> list[dict]:
 def add_worker_routes(app, state) -> None:
     @app.get("/get_model_info")
     async def get_model_info():
-        return json_response(sglang_model_info(state.serving().model))
+        return json_response(sglang_model_info((await state.serving(request.args.get("model"))).model))
 
     @app.get("/get_load")
     async def get_load():
-        engine = state.serving().model.engine
+        engine = (await state.serving(None)).model.engine  # the default model's (several: see /metrics)
         return json_response(load(engine.stats(), engine.llm.engine.config["block_size"]))
