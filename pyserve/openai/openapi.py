@@ -53,7 +53,7 @@ def _paths() -> dict:
         "/health": {"get": {"summary": "liveness / readiness", "security": [], "responses": {
             "200": {"description": "ready", "content": {"application/json": {"schema": _JSON}}},
             "503": {"description": "loading or shutting down", "content": {"application/json": {"schema": _JSON}}}}}},
-        "/v1/models": _get("the served model", _ref(r.ModelList), ("401", "503")),
+        "/v1/models": _get("every model the server serves, loaded or not", _ref(r.ModelList), ("401", "503")),
         "/v1/models/{model}": {"get": dict(_get("one model", _ref(r.ModelCard), ("401", "404", "503"))["get"],
                                            parameters=model_param)},
         "/v1/completions": _post("text completion", p.CompletionRequest, r.CompletionResponse, r.CompletionResponse),
@@ -63,8 +63,10 @@ def _paths() -> dict:
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),
         "/apply-template": _post("messages to the prompt text", p.TemplateRequest, r.TemplateResponse),
-        "/tokenizer_info": _get("the tokenizer's special tokens, template and length (vLLM's)",
-                                _ref(r.TokenizerInfo), ("401", "503")),
+        "/tokenizer_info": {"get": dict(_get("the tokenizer's special tokens, template and length (vLLM's)",
+                                             _ref(r.TokenizerInfo), ("401", "404", "503"))["get"],
+                                        parameters=[{"name": "model", "in": "query", "required": False,
+                                                     "schema": {"type": "string"}}])},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
             "200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
             "401": _error("missing or wrong API key")}}},
