@@ -329,9 +329,11 @@ def test_drop_streams_frees_blocks(server, client):
     trio.run(main)
     for i in (1, 3, 5, 7):
         assert result[i] == ref[i], i
-    # after the drops, only the survivors hold blocks: none of them has finished yet
+    # after the drops, only the survivors hold blocks (none has finished yet): the engine frees an aborted
+    # sequence's blocks in the step that removes it, so 4 running means the other 4 hold none; a survivor
+    # may cross a block boundary between two scrapes, so the count is at most the peak, not below it
     after = seen["after"]
-    assert after["num_requests_running"] == 4 and 0 < after["kv_blocks_used"] < peak[0], (seen, peak)
+    assert after["num_requests_running"] == 4 and 0 < after["kv_blocks_used"] <= peak[0], (seen, peak)
     assert after["request_success_total"] == before["request_success_total"], seen
     t0 = time.monotonic()
     while stats(server)["kv_blocks_used"] and time.monotonic() - t0 < 5:
