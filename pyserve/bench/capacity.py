@@ -42,26 +42,31 @@ def judge(rep: dict, args: argparse.Namespace, label: str) -> bool:
     return rep["slo_ok"]
 
 
-async def search_capacity(probe: Callable[[int], Awaitable[bool]], max_concurrency: int, start: int = 1) -> int:
-    """The highest concurrency in [start, max_concurrency] for which `probe` holds: doubling from `start`
-    until it fails (or max_concurrency is reached), then bisecting between the last pass and the first
-    fail. 0 when even `start` fails. Assumes the SLO holds below some point and fails above it."""
-    good, c = 0, start
-    while await probe(c):
-        good = c
-        if c >= max_concurrency:
+async def _search(probe: Callable, start, maximum, midpoint: Callable):
+    """The highest level in [start, maximum] for which `probe` holds: doubling from `start` until it fails (or
+    `maximum` is reached), then bisecting between the last pass and the first fail at `midpoint(good, bad)`
+    until it says None (close enough). 0 when even `start` fails. Assumes the SLO holds below some point and
+    fails above it."""
+    good, level = 0, start
+    while await probe(level):
+        good = level
+        if level >= maximum:
             return good
-        c = min(2 * c, max_concurrency)
-    if good == 0:
-        return 0
-    bad = c
-    while bad - good > 1:
-        mid = (good + bad) // 2
+        level = min(2 * level, maximum)
+    if not good:
+        return type(start)(0)
+    bad = level
+    while (mid := midpoint(good, bad)) is not None:
         if await probe(mid):
             good = mid
         else:
             bad = mid
     return good
+
+
+async def search_capacity(probe: Callable[[int], Awaitable[bool]], max_concurrency: int, start: int = 1) -> int:
+    """The highest concurrency in [start, max_concurrency] within the SLOs (_search; bisecting to 1)."""
+    return await _search(probe, start, max_concurrency, lambda good, bad: (good + bad) // 2 if bad - good > 1 else None)
 
 
 def _round_rate(rate: float) -> float:
@@ -71,27 +76,16 @@ def _round_rate(rate: float) -> float:
 
 async def search_rate(probe: Callable[[float], Awaitable[bool]], start: float, max_rate: float,
                       resolution: float) -> float:
-    """The highest rate (requests/s) in [start, max_rate] for which `probe` holds, found as search_capacity
-    finds a concurrency: doubling from `start`, then bisecting until the last pass and the first fail are
-    within `resolution` of the pass (a fraction: 0.05 is 5 %). 0.0 when even `start` fails."""
-    good, rate = 0.0, start
-    while await probe(rate):
-        good = rate
-        if rate >= max_rate:
-            return good
-        rate = min(2 * rate, max_rate)
-    if good == 0.0:
-        return 0.0
-    bad = rate
-    while bad - good > resolution * good:
+    """The highest rate (requests/s) in [start, max_rate] within the SLOs (_search), bisecting until the last
+    pass and the first fail are within `resolution` of the pass (a fraction: 0.05 is 5 %). 0.0 when even
+    `start` fails."""
+    def midpoint(good: float, bad: float) -> Optional[float]:
+        if bad - good <= resolution * good:
+            return None
         mid = _round_rate((good + bad) / 2)
-        if not good < mid < bad:  # rounding left nothing between them
-            break
-        if await probe(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+        return mid if good < mid < bad else None  # rounding left nothing between them
+
+    return await _search(probe, float(start), max_rate, midpoint)
 
 
 def _first_over(levels: list[dict], axis: str) -> Optional[dict]:
