@@ -385,7 +385,7 @@ SampleResult Sampler::sample(const float* logits) {
   SampleResult r;
   const bool masked = grammar_ && load_mask(r.grammar_end);
   if (grammar_ && !masked) {  // the matcher failed: end the sample (whatever token, it is not reported as text)
-    r.token = first_allowed() >= 0 ? first_allowed() : 0;
+    r.token = std::max(first_allowed(), 0);
     return r;
   }
   const float* m = modified_logits(logits, masked);

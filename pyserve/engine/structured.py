@@ -12,6 +12,7 @@ whitespace allowed between tokens.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import threading
@@ -162,8 +163,9 @@ class GrammarCompiler:
             return self._vocab
 
 
+@functools.lru_cache(maxsize=None)
 def _engine():
-    """The extension, with llguidance's library loaded into it (found through the installed package)."""
+    """The extension, with llguidance's library loaded into it (found through the installed package; once)."""
     from .. import _engine as ext
 
     spec = importlib.util.find_spec("llguidance._lib")

@@ -454,8 +454,9 @@ class ChatCompletionRequest(_Sampling):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
         _continue_or_prompt(self)
         _check_tools(self)
-        if self.tool_mode() != "none" and self.structured()[0] is not None:
-            raise bad_request(f"at most one constraint per request: 'tools' and '{self.structured()[1]}' were "
+        constraint, field_name = self.structured()
+        if self.tool_mode() != "none" and constraint is not None:
+            raise bad_request(f"at most one constraint per request: 'tools' and '{field_name}' were "
                               "both given (send tool_choice 'none' to constrain the answer)", param="tools")
         return self
 

@@ -83,9 +83,10 @@ class ToolPlan:
         return StructuredOutputsParams(json=calls)
 
     def check(self) -> Optional[StructuredOutputsParams]:
-        """What must compile for the request to be accepted: the grammar, or (free text) the calls' schema,
-        so that a `parameters` schema that does not compile is a 400 whatever the mode."""
-        return self.constraint() or (StructuredOutputsParams(json=self._calls()) if self.active else None)
+        """What must compile besides the grammar, so that a `parameters` schema that does not compile is a 400
+        whatever the mode: the calls' schema when the answer is free text (a grammar is compiled, and so
+        checked, with the request's engine requests)."""
+        return StructuredOutputsParams(json=self._calls()) if self.reads_markers else None
 
     def _calls(self) -> dict:
         parallel = min(MAX_PARALLEL_CALLS, len(self.tools) + 1)
