@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import httpx
 import numpy as np
@@ -38,18 +39,19 @@ def embed_rate(url: str, items: list[str], concurrency: int) -> float:
     return len(items) / (time.perf_counter() - t0)
 
 
-def sse_gaps(url: str, body: dict, path: str = "/v1/completions") -> list[float]:
-    """Seconds between the SSE chunks (with choices) of one streamed request, client side."""
-    gaps, last = [], None
+def sse_chunks(url: str, body: dict, path: str = "/v1/completions") -> Iterator[tuple[float, dict]]:
+    """(perf_counter s when it arrived, the parsed chunk) for each SSE data chunk of one streamed request."""
     with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=300) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
-                now = time.perf_counter()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
-    return gaps
+            if line.startswith("data: {"):
+                yield time.perf_counter(), json.loads(line[6:])
+
+
+def sse_gaps(url: str, body: dict, path: str = "/v1/completions") -> list[float]:
+    """Seconds between the SSE chunks (with choices) of one streamed request, client side."""
+    times = [now for now, chunk in sse_chunks(url, body, path) if chunk["choices"]]
+    return [b - a for a, b in zip(times, times[1:])]
 
 
 def stream_gaps(url: str, i: int, max_tokens: int) -> list[float]:
