@@ -14,6 +14,7 @@
 #include "scheduler.h"
 #include "gguf.h"
 #include "model.h"
+#include "ngram_draft.h"
 #include "ops.h"
 #include "packed.h"
 #include "quant.h"
@@ -370,12 +371,13 @@ py::dict config_dict(const EngineConfig& c) {
   return py::dict(py::arg("n_threads") = c.n_threads, py::arg("n_ctx") = c.n_ctx,
                   py::arg("num_kv_blocks") = c.num_kv_blocks, py::arg("block_size") = c.block_size,
                   py::arg("max_num_seqs") = c.max_num_seqs, py::arg("max_batched_tokens") = c.max_batched_tokens,
-                  py::arg("enable_prefix_caching") = c.enable_prefix_caching, py::arg("step_target") = c.step_target);
+                  py::arg("enable_prefix_caching") = c.enable_prefix_caching, py::arg("step_target") = c.step_target,
+                  py::arg("speculative_ngram") = c.speculative_ngram);
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int n_ctx, int num_kv_blocks,
                                     size_t kv_cache_memory, int block_size, int max_num_seqs, int max_batched_tokens,
-                                    bool enable_prefix_caching, double step_target) {
+                                    bool enable_prefix_caching, double step_target, int speculative_ngram) {
   EngineConfig c;
   c.n_threads = n_threads;
   c.n_ctx = n_ctx;
@@ -386,6 +388,9 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int 
   c.max_batched_tokens = max_batched_tokens;
   c.enable_prefix_caching = enable_prefix_caching;
   c.step_target = step_target;
+  if (speculative_ngram < 0)
+    throw std::invalid_argument("speculative_ngram must be >= 0 (0: off), got " + std::to_string(speculative_ngram));
+  c.speculative_ngram = speculative_ngram;
   py::gil_scoped_release nogil;
   return std::make_unique<Engine>(path, c);
 }
@@ -522,7 +527,9 @@ py::dict engine_stats(Engine& e) {
                   py::arg("grammar_matchers") = s.grammar_matchers, py::arg("step_cost") = s.step_cost,
                   py::arg("last_step_s") = s.last_step_s, py::arg("step_buckets") = s.step_buckets,
                   py::arg("step_seconds_sum") = s.step_seconds_sum,
-                  py::arg("step_bucket_bounds") = kStepBuckets);
+                  py::arg("step_bucket_bounds") = kStepBuckets, py::arg("spec_drafts") = s.spec_drafts,
+                  py::arg("spec_draft_tokens") = s.spec_draft_tokens,
+                  py::arg("spec_accepted_tokens") = s.spec_accepted_tokens);
 }
 
 void bind_engine(py::module_& m) {
@@ -531,7 +538,7 @@ void bind_engine(py::module_& m) {
       .def(py::init(&make_engine), py::arg("path"), py::arg("n_threads") = 0, py::arg("n_ctx") = 0,
            py::arg("num_kv_blocks") = 0, py::arg("kv_cache_memory") = 0, py::arg("block_size") = 16,
            py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512,
-           py::arg("enable_prefix_caching") = true, py::arg("step_target") = 0.0)
+           py::arg("enable_prefix_caching") = true, py::arg("step_target") = 0.0, py::arg("speculative_ngram") = 0)
       .def_property_readonly("hparams", [](const Engine& e) { return hparams_dict(e.hparams()); })
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
@@ -607,9 +614,10 @@ class PyBlockManager {
 // the engine does. Everything the engine does but the forward and the sampler.
 class SchedulerSim {
  public:
-  SchedulerSim(int num_blocks, int block_size, int max_num_seqs, int max_batched_tokens, bool prefix_caching)
+  SchedulerSim(int num_blocks, int block_size, int max_num_seqs, int max_batched_tokens, bool prefix_caching,
+               int spec_rows)
       : bm_(num_blocks, block_size, prefix_caching),
-        sched_(SchedulerConfig{max_num_seqs, max_batched_tokens, block_size}, bm_),
+        sched_(SchedulerConfig{max_num_seqs, max_batched_tokens, block_size, 16, spec_rows}, bm_),
         max_num_seqs_(max_num_seqs) {}
 
   // Plans against a fixed step-cost model: MACs per row / sampled row / context position, a floor (s) and a
@@ -642,26 +650,25 @@ class SchedulerSim {
     groups_.erase(it);
   }
 
-  py::dict step() {
+  // drafts: {(id, index): tokens} proposed for decoding sequences this step (the engine's n-gram drafts); a
+  // drafted token is accepted while it equals the made-up token the sim draws there.
+  using Drafts = std::map<std::pair<std::string, int>, std::vector<int32_t>>;
+  py::dict step(const Drafts& drafts) {
+    for (Sequence* s : sched_.running()) {
+      auto it = drafts.find({s->id, index_of(s)});
+      s->draft = it != drafts.end() && s->n_pending() == 1 ? it->second : std::vector<int32_t>{};
+    }
     Schedule sc = sched_.schedule();
     py::list scheduled, finished, tokens;
     for (const ScheduledSeq& s : sc.seqs)
       scheduled.append(py::make_tuple(s.seq->id, index_of(s.seq), s.seq->n_computed, s.n_tokens, s.sample));
     for (const ScheduledSeq& s : sc.seqs) {
       Sequence* seq = s.seq;
-      sched_.computed(seq, s.n_tokens);
+      sched_.computed(seq, s.n_tokens - (int)seq->draft.size());
       if (!s.sample) continue;
       std::vector<Sequence*> drawers{seq};
       if (!seq->pending_samples.empty()) drawers = fork(seq);
-      for (Sequence* d : drawers) {
-        int32_t tok = 1000 * (d->index + 1) + d->n_generated();
-        d->tokens.push_back(tok);
-        tokens.append(py::make_tuple(d->id, d->index, tok));
-        if (d->n_generated() >= d->stop.max_tokens) {
-          finished.append(py::make_tuple(d->id, d->index));
-          finish(d);
-        }
-      }
+      for (Sequence* d : drawers) draw(d, tokens, finished);
     }
     return py::dict(py::arg("scheduled") = scheduled, py::arg("copies") = sc.copies, py::arg("tokens") = tokens,
                     py::arg("finished") = finished);
@@ -712,6 +719,25 @@ class SchedulerSim {
     return out;
   }
 
+  // d's made-up tokens: one, then one more per drafted token that matched, as the engine's verification.
+  void draw(Sequence* d, py::list& tokens, py::list& finished) {
+    const std::vector<int32_t> draft = d->draft;
+    size_t j = 0;
+    bool done = false;
+    for (;; j++) {
+      int32_t tok = 1000 * (d->index + 1) + d->n_generated();
+      d->tokens.push_back(tok);
+      tokens.append(py::make_tuple(d->id, d->index, tok));
+      done = d->n_generated() >= d->stop.max_tokens;
+      if (done || j == draft.size() || tok != draft[j]) break;
+    }
+    if (!draft.empty()) sched_.verified(d, (int)j);
+    if (done) {
+      finished.append(py::make_tuple(d->id, d->index));
+      finish(d);
+    }
+  }
+
   void finish(Sequence* seq) {
     sched_.remove(seq);
     auto it = groups_.find(seq->id);
@@ -728,6 +754,13 @@ class SchedulerSim {
 };
 
 void bind_runtime(py::module_& m) {
+  py::class_<NgramIndex>(m, "NgramIndex", "A sequence's prompt-lookup index (ngram_draft.h), for tests")
+      .def(py::init<>())
+      .def("extend", &NgramIndex::extend, py::arg("tokens"), "indexes the tokens appended since the last call")
+      .def("propose", &NgramIndex::propose, py::arg("tokens"), py::arg("k"),
+           "-> up to k tokens that followed the latest earlier occurrence of the longest suffix (<= 4 tokens)")
+      .def_property_readonly("indexed", &NgramIndex::indexed)
+      .def_readonly_static("max_ngram", &NgramIndex::kMaxNgram);
   py::class_<PyBlockManager>(m, "BlockManager", "The engine's KV block manager over numbered tables, no model.")
       .def(py::init<int, int, bool>(), py::arg("num_blocks"), py::arg("block_size"), py::arg("prefix_caching") = true)
       .def_property_readonly("num_blocks", [](PyBlockManager& b) { return b.bm().num_blocks(); })
@@ -762,13 +795,15 @@ void bind_runtime(py::module_& m) {
       });
 
   py::class_<SchedulerSim>(m, "SchedulerSim", "The engine's scheduler over fake sequences, no model.")
-      .def(py::init<int, int, int, int, bool>(), py::arg("num_blocks"), py::arg("block_size") = 16,
-           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512, py::arg("prefix_caching") = true)
+      .def(py::init<int, int, int, int, bool, int>(), py::arg("num_blocks"), py::arg("block_size") = 16,
+           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512, py::arg("prefix_caching") = true,
+           py::arg("spec_rows") = 8)
       .def("add", &SchedulerSim::add, py::arg("request_id"), py::arg("tokens"), py::arg("max_tokens"),
            py::arg("n") = 1)
       .def("abort", &SchedulerSim::abort, py::arg("request_id"))
-      .def("step", &SchedulerSim::step,
-           "-> {scheduled: [(id, index, n_computed, n_tokens, sample)], copies: [(src, dst)], "
+      .def("step", &SchedulerSim::step, py::arg("drafts") = SchedulerSim::Drafts{},
+           "drafts {(id, index): tokens} for decoding sequences -> {scheduled: [(id, index, n_computed, "
+           "n_tokens, sample)], copies: [(src, dst)], "
            "tokens: [(id, index, token)], finished: [(id, index)]}")
       .def("has_work", &SchedulerSim::has_work)
       .def("set_step_target", &SchedulerSim::set_step_target, py::arg("seconds"), py::arg("macs"),

@@ -202,6 +202,16 @@ void BlockManager::fork(const BlockTable& src, BlockTable& dst) {
   dst = src;
 }
 
+void BlockManager::truncate(BlockTable& t, int n_tokens) {
+  const size_t keep = (size_t)blocks_for(std::max(n_tokens, 0));
+  while (t.blocks.size() > keep) {
+    release(t.blocks.back());
+    t.blocks.pop_back();
+  }
+  t.n_committed = std::min(t.n_committed, (int)keep);
+  t.hashes.resize(std::min(t.hashes.size(), (size_t)std::max(n_tokens, 0) / block_size_));
+}
+
 void BlockManager::free(BlockTable& t) {
   for (auto it = t.blocks.rbegin(); it != t.blocks.rend(); ++it) release(*it);
   t.blocks.clear();

@@ -17,6 +17,7 @@
 //                                   is replaced by a fresh copy, returned as (src, dst) for KVCache::copy_block;
 //   commit                          register the table's newly computed full blocks in the cache;
 //   fork                            a second table sharing every block (ref + 1);
+//   truncate                        release the blocks past the first n tokens (rejected draft positions);
 //   free                            release every block, last first (so a prefix's tail is evicted before its head).
 #pragma once
 
@@ -72,6 +73,9 @@ class BlockManager {
   // Registers t's full blocks within the first n_computed tokens.
   void commit(BlockTable& t, const std::vector<int32_t>& tokens, int n_computed);
   void fork(const BlockTable& src, BlockTable& dst);
+  // Releases t's blocks past the first n_tokens' (last first). What they held is never read again: a
+  // position's K/V is written before any row attends to it.
+  void truncate(BlockTable& t, int n_tokens);
   void free(BlockTable& t);
 
   // h(parent, tokens[begin, begin + block_size)), exposed for tests.

@@ -269,20 +269,47 @@ std::vector<Sequence*> Engine::fork(Sequence* parent) {
   return out;
 }
 
-void Engine::check_stop(Sequence* seq, StepOutput& o, const std::string& grammar_end) {
-  int32_t tok = o.token;
-  const StopConfig& st = seq->stop;
-  bool eos = !st.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), tok) != eos_ids_.end();
-  bool stop_id = std::find(st.stop_token_ids.begin(), st.stop_token_ids.end(), tok) != st.stop_token_ids.end();
-  if (!grammar_end.empty()) o.finish_reason = grammar_end;  // the grammar is complete (or its matcher failed)
-  else if (eos || stop_id) o.finish_reason = "stop";
-  else if (seq->n_generated() >= st.max_tokens || (int)seq->tokens.size() >= cfg_.n_ctx) o.finish_reason = "length";
+std::string Engine::finish_reason(const Sequence& seq, int32_t token, int n_tokens,
+                                  const std::string& grammar_end) const {
+  const StopConfig& st = seq.stop;
+  auto has = [&](const std::vector<int32_t>& ids) { return std::find(ids.begin(), ids.end(), token) != ids.end(); };
+  if (!grammar_end.empty()) return grammar_end;  // the grammar is complete (or its matcher failed)
+  if ((!st.ignore_eos && has(eos_ids_)) || has(st.stop_token_ids)) return "stop";
+  if (n_tokens - seq.n_prompt >= st.max_tokens || n_tokens >= cfg_.n_ctx) return "length";
+  return "";
+}
+
+// Before the schedule: each decoding sequence proposes what its n-gram index predicts; the scheduler keeps
+// what fits the step. None at all once the decodes alone fill the rows a draft could ride on.
+void Engine::propose_drafts() {
+  if (cfg_.speculative_ngram <= 0) return;
+  const std::vector<Sequence*>& running = scheduler_->running();
+  int decodes = 0;
+  for (Sequence* seq : running) {
+    seq->draft.clear();
+    decodes += seq->n_pending() == 1;
+  }
+  if (decodes >= scheduler_->config().spec_rows) return;
+  for (Sequence* seq : running)
+    if (seq->n_pending() == 1 && seq->sampler && seq->pending_samples.empty()) propose_draft(seq);
+}
+
+// At most what the policy wants, what max_tokens leaves after the token this step draws anyway, and what the
+// grammar (if any) accepts in a row.
+void Engine::propose_draft(Sequence* seq) {
+  const int left = seq->stop.max_tokens - seq->n_generated() - 1;
+  const int k = std::min(seq->draft_policy.want(cfg_.speculative_ngram), left);
+  if (k <= 0) return;
+  seq->ngrams.extend(seq->tokens);
+  seq->draft = seq->ngrams.propose(seq->tokens, k);
+  seq->draft.resize(seq->sampler->grammar_accepts(seq->draft));
 }
 
 std::vector<StepOutput> Engine::step() {
   std::vector<StepOutput> out;
   apply_pending(out);
   const double t_sched = monotonic_now();
+  propose_drafts();
   Schedule sched = scheduler_->schedule();
   if (sched.empty()) {
     snapshot_stats();
@@ -303,13 +330,15 @@ std::vector<StepOutput> Engine::step() {
   std::vector<std::pair<Sequence*, const float*>> draws;  // (sample, its logits row), in output order
   for (const ScheduledSeq& s : sched.seqs) {
     Sequence* seq = s.seq;
-    scheduler_->computed(seq, s.n_tokens);
+    const int drafted = (int)seq->draft.size();
+    scheduler_->computed(seq, s.n_tokens - drafted);  // the drafted rows count once verified
     if (!s.sample) continue;
     if (seq->prefill_only()) {
       end_prefill(seq, t_step, out);
       continue;
     }
-    const float* logits = logits_.data() + (row++) * V;
+    const float* logits = logits_.data() + row * V;  // [1 + drafted rows × V]
+    row += 1 + drafted;
     // An n > 1 request's prompt is computed: every sample draws its first token from these logits.
     std::vector<Sequence*> drawers = seq->pending_samples.empty() ? std::vector<Sequence*>{seq} : fork(seq);
     for (Sequence* d : drawers) draws.emplace_back(d, logits);
@@ -357,15 +386,17 @@ void Engine::build_batch(const Schedule& sched) {
   for (const ScheduledSeq& s : sched.seqs) {
     Sequence* seq = s.seq;
     const int base = (int)batch_.size() - seq->n_computed;  // the batch row of position p: base + p
+    const int n_tokens = (int)seq->tokens.size();
     for (int i = 0; i < s.n_tokens; i++) {
       int p = seq->n_computed + i;
-      batch_.tokens.push_back(seq->tokens[p]);
+      batch_.tokens.push_back(p < n_tokens ? seq->tokens[p] : seq->draft[p - n_tokens]);  // drafted rows last
       batch_.pos.push_back(p);
       batch_.tables.push_back(&seq->blocks.blocks);
     }
     const auto [first, end] = seq->rows_to_record(s.n_tokens);
     for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);
-    if (s.sample && !seq->prefill_only()) batch_.logit_rows.push_back((int32_t)batch_.size() - 1);
+    if (s.sample && !seq->prefill_only())  // the last row, and each drafted one: the draws verify them in turn
+      for (int r = (int)seq->draft.size(); r >= 0; r--) batch_.logit_rows.push_back((int32_t)batch_.size() - 1 - r);
   }
 }
 
@@ -427,22 +458,50 @@ void Engine::end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& 
 void Engine::sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step,
                           std::vector<StepOutput>& out) {
   // Each sample owns its sampler (state, RNG): the draws are independent and run on the pool.
-  std::vector<SampleResult> results(draws.size());
-  pool_->parallel_for((int64_t)draws.size(), [&](int64_t i) { results[i] = draws[i].first->sampler->sample(draws[i].second); },
+  std::vector<std::vector<SampleResult>> results(draws.size());
+  pool_->parallel_for((int64_t)draws.size(), [&](int64_t i) { results[i] = verify(draws[i].first, draws[i].second); },
                       INLINE_ROWS);
-  for (size_t i = 0; i < draws.size(); i++) {
-    Sequence* d = draws[i].first;
-    SampleResult& r = results[i];
+  for (size_t i = 0; i < draws.size(); i++) apply_draw(draws[i].first, results[i], t_step, out);
+}
+
+// seq's draws from logits [1 + draft size × V]: row j's token is drawn exactly as a decode would draw it
+// after the j before it, and the next row counts only while each draw equals the drafted token (standard
+// speculative acceptance with a point-mass draft: a drafted token stands with the probability the sampler
+// gives it; on a mismatch the draw is from the rest of that distribution). Stops where the sequence ends.
+std::vector<SampleResult> Engine::verify(Sequence* seq, const float* logits) const {
+  std::vector<SampleResult> rs;
+  const int V = model_->hparams().n_vocab, n = (int)seq->tokens.size();
+  for (size_t j = 0; j <= seq->draft.size(); j++) {
+    rs.push_back(seq->sampler->sample(logits + j * V));
+    const SampleResult& r = rs.back();
+    if (j == seq->draft.size() || r.token != seq->draft[j]) break;
+    if (!finish_reason(*seq, r.token, n + (int)rs.size(), r.grammar_end).empty()) break;
+  }
+  return rs;
+}
+
+// The draws become seq's tokens and outputs; a verified draft keeps the K/V of the tokens it got right.
+void Engine::apply_draw(Sequence* d, std::vector<SampleResult>& results, double t_step, std::vector<StepOutput>& out) {
+  bool ended = false;
+  for (SampleResult& r : results) {
     d->tokens.push_back(r.token);
     StepOutput o = output_of(*d, d->index, t_step);
     o.token = r.token;
     o.logprob = r.logprob;
     o.top = std::move(r.top);
     o.prompt_logprobs = std::move(d->prompt_lp);  // the request's first draw: a fork's siblings hold none
-    check_stop(d, o, r.grammar_end);
-    if (!o.finish_reason.empty()) finish(d);
+    o.finish_reason = finish_reason(*d, r.token, (int)d->tokens.size(), r.grammar_end);
+    ended = !o.finish_reason.empty();
     out.push_back(std::move(o));
   }
+  if (!d->draft.empty()) {
+    const int drafted = (int)d->draft.size(), kept = (int)results.size() - 1;
+    const int agreed = kept + (kept < drafted && results.back().token == d->draft[kept]);
+    spec_drafts_++, spec_draft_tokens_ += drafted, spec_accepted_tokens_ += agreed;
+    d->draft_policy.observe(drafted, agreed, cfg_.speculative_ngram);
+    scheduler_->verified(d, kept);  // before finish: the prefix cache gets what plain decoding would give it
+  }
+  if (ended) finish(d);
 }
 
 std::vector<StepOutput> Engine::fail_all(const std::string& what) {
@@ -477,6 +536,9 @@ void Engine::snapshot_stats() {
   s.last_step_s = last_step_s_;
   s.step_buckets = step_buckets_;
   s.step_seconds_sum = step_seconds_sum_;
+  s.spec_drafts = spec_drafts_;
+  s.spec_draft_tokens = spec_draft_tokens_;
+  s.spec_accepted_tokens = spec_accepted_tokens_;
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = s;
 }

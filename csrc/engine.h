@@ -33,6 +33,9 @@ struct EngineConfig {
   // > 0 (seconds): each step beside decodes takes only the prompt tokens that keep its predicted time under
   // this (scheduler.h); the predictor is calibrated at load and refitted on every step. 0: the token budget.
   double step_target = 0.0;
+  // > 0: speculative decoding by prompt lookup (ngram_draft.h), up to this many drafted tokens per sequence
+  // and step, verified in the step's own forward; 0: off. Outputs are the same either way, bit for bit.
+  int speculative_ngram = 0;
 };
 
 struct Request {
@@ -84,6 +87,8 @@ struct EngineStats {
   // every step's wall time (schedule → forward → sampling), cumulative per bucket ≤ kStepBuckets[i] (s)
   std::array<uint64_t, 14> step_buckets{};
   double step_seconds_sum = 0.0;
+  // speculative decoding: drafts verified, tokens they held, and of those the ones the model agreed with
+  uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
 };
 
 // Upper bounds (seconds) of the step-time histogram's buckets; one more, +inf, is `steps`.
@@ -130,7 +135,13 @@ class Engine {
   void apply_pending(std::vector<StepOutput>& out);
   void abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out);
   std::vector<Sequence*> fork(Sequence* parent);  // parent + its new siblings, one per pending sample
-  void check_stop(Sequence* seq, StepOutput& o, const std::string& grammar_end);
+  // Why seq ends once `token` is its next token and it holds n_tokens tokens ("" if it goes on): reads only
+  // what is fixed while it runs, so the verification of a draft may call it on the pool.
+  std::string finish_reason(const Sequence& seq, int32_t token, int n_tokens, const std::string& grammar_end) const;
+  void propose_drafts();
+  void propose_draft(Sequence* seq);
+  std::vector<SampleResult> verify(Sequence* seq, const float* logits) const;
+  void apply_draw(Sequence* seq, std::vector<SampleResult>& results, double t_step, std::vector<StepOutput>& out);
   void check_kind(const Request& req) const;  // the rules that differ between generation, scoring, embedding
   void check_size(const Request& req) const;  // context length and KV pool
   void build_batch(const Schedule& sched);
@@ -170,6 +181,7 @@ class Engine {
   double last_step_s_ = 0.0;
   std::array<uint64_t, 14> step_buckets_{};  // as EngineStats::step_buckets
   double step_seconds_sum_ = 0.0;
+  uint64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
 };
 
 }  // namespace pyserve

@@ -1,6 +1,7 @@
 // grammar: see grammar.h.
 #include "grammar.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "llg_api.h"
@@ -77,6 +78,11 @@ bool Matcher::consume(int32_t token) {
 }
 
 bool Matcher::rollback(int n_tokens) { return n_tokens >= 0 && llg().matcher_rollback(m_, (size_t)n_tokens) == 0; }
+int Matcher::validate(const int32_t* tokens, int n) {
+  if (n <= 0) return 0;
+  std::vector<uint32_t> ids(tokens, tokens + n);
+  return std::max(0, (int)llg().matcher_validate_tokens(m_, ids.data(), ids.size()));
+}
 bool Matcher::accepting() { return llg().matcher_is_accepting(m_); }
 bool Matcher::stopped() const { return llg().matcher_is_stopped(m_); }
 

@@ -56,6 +56,9 @@ class Matcher {
   // Advances by `token`; false (error state) when the grammar does not allow it.
   bool consume(int32_t token);
   bool rollback(int n_tokens);
+  // How many of tokens[0, n) the grammar accepts in a row from this state, which it leaves unchanged
+  // (0 in the error state).
+  int validate(const int32_t* tokens, int n);
   bool accepting();       // the text so far is a complete match
   bool stopped() const;   // nothing but end-of-generation may follow (also true in the error state)
   std::string error();    // "" unless in the error state

@@ -33,6 +33,7 @@ LlgApi resolve_all(void* lib) {
   resolve(lib, "llg_matcher_compute_mask_into", a.matcher_compute_mask_into);
   resolve(lib, "llg_matcher_consume_token", a.matcher_consume_token);
   resolve(lib, "llg_matcher_rollback", a.matcher_rollback);
+  resolve(lib, "llg_matcher_validate_tokens", a.matcher_validate_tokens);
   resolve(lib, "llg_matcher_is_accepting", a.matcher_is_accepting);
   resolve(lib, "llg_matcher_is_stopped", a.matcher_is_stopped);
   resolve(lib, "llg_clone_matcher", a.clone_matcher);

@@ -72,6 +72,7 @@ struct LlgApi {
   int32_t (*matcher_compute_mask_into)(LlgMatcher*, uint32_t* mask, size_t mask_byte_len);
   int32_t (*matcher_consume_token)(LlgMatcher*, uint32_t token);
   int32_t (*matcher_rollback)(LlgMatcher*, size_t n_tokens);
+  int32_t (*matcher_validate_tokens)(LlgMatcher*, const uint32_t* tokens, size_t n_tokens);
   bool (*matcher_is_accepting)(LlgMatcher*);
   bool (*matcher_is_stopped)(const LlgMatcher*);
   LlgMatcher* (*clone_matcher)(const LlgMatcher*);

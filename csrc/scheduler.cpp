@@ -21,6 +21,7 @@ void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   blocks_.free(seq->blocks);
   seq->n_computed = 0;
+  seq->draft.clear();
   seq->status = SeqStatus::WAITING;
   waiting_.push_front(seq);
   preemptions_++;
@@ -29,6 +30,12 @@ void Scheduler::preempt(Sequence* seq) {
 void Scheduler::computed(Sequence* seq, int n) {
   seq->n_computed += n;
   blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
+}
+
+void Scheduler::verified(Sequence* seq, int accepted) {
+  computed(seq, accepted);
+  blocks_.truncate(seq->blocks, seq->n_computed);
+  seq->draft.clear();
 }
 
 void Scheduler::fork(Sequence* parent, Sequence* child) {
@@ -111,7 +118,35 @@ Schedule Scheduler::schedule() {
     out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
     budget -= n;
   }
+  add_drafts(out, preempted ? 0 : budget, time);  // blocks short: no draft takes one
   return out;
+}
+
+// Each scheduled decode with a draft takes what is left of its rows in step order; a draft that does not fit
+// (rows, budget, time, blocks) is cut, the decode itself stays.
+void Scheduler::add_drafts(Schedule& out, int budget, PrefillBudget& time) {
+  int rows = 0;
+  for (const ScheduledSeq& s : out.seqs) rows += s.n_tokens;
+  int room = std::max(0, std::min(budget, cfg_.spec_rows - rows));
+  for (ScheduledSeq& s : out.seqs) {
+    Sequence* seq = s.seq;
+    if (seq->draft.empty()) continue;
+    const bool decode = s.sample && s.n_tokens == 1 && seq->n_pending() == 1;
+    int d = decode ? draft_take(time, seq, std::min<int>((int)seq->draft.size(), room)) : 0;
+    if (d > 0 && !blocks_.append(seq->blocks, seq->n_computed + 1, seq->n_computed + 1 + d, &out.copies)) d = 0;
+    seq->draft.resize(d);
+    s.n_tokens += d;
+    room -= d;
+  }
+}
+
+// The most of `want` drafted rows (each projected) the step target leaves time for; b is charged them.
+int Scheduler::draft_take(PrefillBudget& b, const Sequence* seq, int want) const {
+  if (want <= 0 || !b.bounded) return std::max(want, 0);
+  int d = want;
+  while (d > 0 && cost_->chunk_cost(d, seq->n_computed + 1, d) > b.seconds) d--;
+  b.seconds -= cost_->chunk_cost(d, seq->n_computed + 1, d);
+  return d;
 }
 
 }  // namespace pyserve

@@ -8,6 +8,10 @@
 // With a step-time target (Sarathi-Serve's stall-free batching): decodes first, each one token, then chunks
 // of prompts (running ones in admission order, then waiting ones) in the time the decodes leave.
 //
+// Speculative decoding: a decoding sequence's drafted tokens (Sequence::draft) ride on its decode as extra rows,
+// after every prompt chunk, within the token budget, the time the step target leaves and while the step's
+// rows stay within spec_rows; verified() then keeps the accepted ones' K/V and rolls the rest back.
+//
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
 #pragma once
@@ -26,11 +30,14 @@ struct SchedulerConfig {
   int max_batched_tokens = 512;   // tokens per step at most (a hard cap, with or without a step target)
   int block_size = 16;            // tokens per KV block
   int min_prefill_chunk = 16;     // with a step target: the least a step beside decodes gives prompts
+  // Drafted tokens only while a step's rows stay within this: the packed kernels' columns per weight load,
+  // below which a row costs little more than the weights streamed once (above it, a row of compute each).
+  int spec_rows = 8;
 };
 
 struct ScheduledSeq {
   Sequence* seq;
-  int n_tokens;   // tokens computed this step, from seq->n_computed on
+  int n_tokens;   // tokens computed this step, from seq->n_computed on (a decode's drafted ones included)
   bool sample;    // the step computes its last token, so a new one is drawn
 };
 
@@ -53,10 +60,15 @@ class Scheduler {
   void set_step_target(double seconds, const StepCostModel* cost) { target_ = seconds, cost_ = cost; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
   void computed(Sequence* seq, int n);
+  // After a verification: the first `accepted` drafted tokens are now seq's tokens and their K/V is kept
+  // (computed, committed to the prefix cache); the blocks past its computed tokens are released; the
+  // draft is cleared. Call after computed(seq, n_tokens - draft size).
+  void verified(Sequence* seq, int accepted);
   // child (fresh, same tokens as the running parent) joins the running set sharing the parent's blocks.
   void fork(Sequence* parent, Sequence* child);
   int blocks_needed(int n_tokens) const { return (n_tokens + cfg_.block_size - 1) / cfg_.block_size; }
 
+  const SchedulerConfig& config() const { return cfg_; }
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
   uint64_t num_preemptions() const { return preemptions_; }
@@ -73,6 +85,8 @@ class Scheduler {
   };
   PrefillBudget prefill_budget() const;
   int prefill_take(PrefillBudget& b, const Sequence* seq, int start, int want);  // tokens, and charges b
+  void add_drafts(Schedule& out, int budget, PrefillBudget& time);
+  int draft_take(PrefillBudget& b, const Sequence* seq, int want) const;
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "block_manager.h"
+#include "ngram_draft.h"
 #include "sampler.h"
 
 namespace pyserve {
@@ -53,6 +54,12 @@ struct Sequence {
   int prompt_logprobs = -1;          // alternatives per prompt position (< 0: none)
   std::shared_ptr<std::vector<SampleResult>> prompt_lp;  // positions 1, 2, … as recorded; to the first output
   int n_recorded = 0;                // rows [record_begin(), n_recorded) are recorded
+  // Speculative decoding (a decoding sequence only): the tokens drafted for this step, which follow `tokens`
+  // as extra rows of its decode; the scheduler keeps what fits, the step's sampling verifies them. Empty
+  // outside the step that proposed them.
+  std::vector<int32_t> draft;
+  NgramIndex ngrams;                 // over `tokens`, extended as it grows (built at the first draft)
+  DraftPolicy draft_policy;
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }
   int n_pending() const { return (int)tokens.size() - n_computed; }

@@ -27,7 +27,7 @@ void StepCostModel::observe(const StepShape& s, double seconds) {
       for (double& v : row) v *= kMaxTrace / trace;
 }
 
-double StepCostModel::chunk_cost(int n, int pos, bool sampled) const {
+double StepCostModel::chunk_cost(int n, int pos, int sampled) const {
   StepShape s;
   s.add(n, pos, sampled);
   return std::max(w_[1], 0.0) * gmacs(s);

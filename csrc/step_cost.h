@@ -24,7 +24,8 @@ struct StepShape {
   int tokens = 0;       // rows through the layers
   int logit_rows = 0;   // rows projected to the vocabulary and sampled
   double context = 0;   // Σ over rows of the positions attended
-  void add(int n_tokens, int first_pos, bool sampled) {
+  // n_tokens rows from first_pos, the last `sampled` of them projected (a decode 1, a verified draft 1 + k)
+  void add(int n_tokens, int first_pos, int sampled) {
     tokens += n_tokens;
     logit_rows += sampled;
     // rows first_pos … first_pos + n - 1 attend to first_pos + 1 … first_pos + n positions
@@ -38,7 +39,7 @@ class StepCostModel {
   explicit StepCostModel(const StepMacs& macs = {});
   double predict(const StepShape& s) const;             // seconds
   void observe(const StepShape& s, double seconds);     // one step's measured wall time
-  double chunk_cost(int n, int pos, bool sampled) const;  // seconds a prompt chunk adds to a step
+  double chunk_cost(int n, int pos, int sampled) const;  // seconds n rows (the last `sampled` projected) add
   // The most tokens n ≤ cap of a prompt chunk starting at position `pos` (its last row sampled if
   // `sampled_if_last` and n == cap) that add at most `seconds` to a step; 0 when not even one fits.
   int tokens_within(double seconds, int pos, int cap, bool sampled_if_last) const;

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Optional, Sequence
@@ -27,6 +28,13 @@ def _engine_args(p: argparse.ArgumentParser, models: bool = False) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per engine step at most (default 512); with --target-itl a hard cap, without it "
                         "the budget (a smaller one cuts prompts into more chunks, so streams wait less)")
+    p.add_argument("--speculative-ngram", type=_non_negative, default=None, metavar="K",
+                   help="speculative decoding by prompt lookup: each step drafts up to K tokens per stream from "
+                        "earlier text that its last tokens match, verified in the same forward pass; outputs are "
+                        "unchanged, bit for bit (default 7 for serve, 0 for generate; 0: off)")
+    p.add_argument("--speculative-config", type=_speculative_config, default=None, metavar="JSON",
+                   help='vLLM\'s spelling, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' (wins over '
+                        "--speculative-ngram)")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -35,7 +43,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     llm = LLM(args.model, n_threads=args.threads, n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
               kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens or 512)
+              max_num_batched_tokens=args.max_num_batched_tokens or 512,
+              speculative_ngram=_draft_tokens(args, 0))
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     t0 = time.perf_counter()
     out = llm.generate([args.prompt], params)[0].outputs[0]
@@ -43,6 +52,35 @@ def _generate(args: argparse.Namespace) -> int:
     print(args.prompt + out.text)
     print(f"[{len(out.token_ids)} tokens in {dt:.2f} s, finish_reason={out.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _speculative_config(text: str) -> dict:
+    """vLLM's --speculative-config JSON, checked here (its method must be "ngram")."""
+    from .engine.speculative import draft_tokens
+
+    try:
+        cfg = json.loads(text)
+        draft_tokens(None, cfg)
+    except ValueError as e:  # json.JSONDecodeError too
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return cfg
+
+
+def _draft_tokens(args: argparse.Namespace, default: int) -> int:
+    from .engine.speculative import draft_tokens
+
+    return draft_tokens(default if args.speculative_ngram is None else args.speculative_ngram,
+                        args.speculative_config)
 
 
 def _bytes(text: str) -> int:
@@ -60,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         from .server.replicas import run_replicas
 
         return run_replicas(args)
-    from .server.runner import DEFAULT_TARGET_ITL, ServeOptions, run
+    from .server.runner import DEFAULT_SPECULATIVE_NGRAM, DEFAULT_TARGET_ITL, ServeOptions, run
 
     max_loaded = args.max_loaded_models if args.max_loaded_models is not None else 0 if args.models_memory else 1
     return run(ServeOptions(models=args.model or [], host=args.host, port=args.port,
@@ -80,6 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens or 512,
                             target_itl=DEFAULT_TARGET_ITL if args.target_itl is None else args.target_itl,
+                            speculative_ngram=_draft_tokens(args, DEFAULT_SPECULATIVE_NGRAM),
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
                             tool_call_parser=args.tool_call_parser))

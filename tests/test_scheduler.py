@@ -239,3 +239,81 @@ def test_without_a_target_the_budget_rules_as_before():
     sim.step()
     sim.add("b", toks(40, 500), 5)
     assert sched(sim.step()) == [("a", 0, 8, 1, True), ("b", 0, 0, 15, False)]
+
+
+# ---- speculative decoding: drafted rows, their verification, the rollback ----
+
+def decoding(sim, rid, prompt_len, max_tokens, start=100):
+    """Adds rid and runs its prefill: it then decodes (its first made-up token drawn)."""
+    sim.add(rid, toks(prompt_len, start), max_tokens)
+    sim.step()
+
+
+def test_an_accepted_draft_keeps_its_rows():
+    sim = _engine.SchedulerSim(64, 4)
+    decoding(sim, "a", 4, 10)
+    s = sim.step({("a", 0): [1001, 1002, 1003]})  # what the sim draws next: all accepted, plus one
+    assert sched(s) == [("a", 0, 4, 4, True)]
+    assert [t[2] for t in s["tokens"]] == [1001, 1002, 1003, 1004]
+    assert sim.n_computed("a") == 8 and len(sim.tokens("a")) == 9
+    assert len(sim.table("a")) == 2 and sim.stats()["blocks_used"] == 2
+
+
+def test_a_rejected_draft_rolls_back_its_blocks():
+    sim = _engine.SchedulerSim(64, 4)
+    decoding(sim, "a", 4, 10)
+    s = sim.step({("a", 0): [1001, 9, 9, 9, 9]})  # rows for positions 4 … 9: three blocks while verifying
+    assert sched(s) == [("a", 0, 4, 6, True)]
+    assert [t[2] for t in s["tokens"]] == [1001, 1002]  # the first agrees; the second draw differs from 9
+    assert sim.n_computed("a") == 6 and sim.tokens("a")[-2:] == [1001, 1002]
+    assert len(sim.table("a")) == 2 and sim.stats()["blocks_used"] == 2  # the third block went back
+    assert sched(sim.step()) == [("a", 0, 6, 1, True)]  # and decoding goes on from the kept rows
+
+
+def test_drafts_fill_only_the_rows_left_and_the_budget():
+    sim = _engine.SchedulerSim(64, 4, spec_rows=5)
+    for i, rid in enumerate("abc"):
+        decoding(sim, rid, 4, 20, start=100 * (i + 1))
+    drafts = {(rid, 0): [1, 2, 3] for rid in "abc"}  # three decodes leave two rows: the first in order gets them
+    assert sched(sim.step(drafts)) == [("a", 0, 6, 3, True), ("b", 0, 5, 1, True), ("c", 0, 4, 1, True)]
+    sim = _engine.SchedulerSim(64, 4, max_batched_tokens=2)
+    decoding(sim, "a", 2, 20)
+    assert sched(sim.step({("a", 0): [1001, 1002, 1003]})) == [("a", 0, 2, 2, True)]
+
+
+def test_a_draft_never_preempts():
+    sim = _engine.SchedulerSim(4, 4)  # 16 tokens of KV
+    decoding(sim, "a", 4, 8)
+    decoding(sim, "b", 4, 8, start=500)
+    s = sim.step({("a", 0): [1, 2, 3, 4]})  # the decodes take the last free block; a's draft would need another
+    assert sched(s) == [("a", 0, 5, 1, True), ("b", 0, 4, 1, True)]
+    assert sim.stats()["preemptions"] == 0
+
+
+def test_drafts_beside_decodes_fit_the_step_target():
+    sim = _engine.SchedulerSim(64, 4)
+    sim.set_step_target(0.0035, (1e9, 0.0, 0.0), 0.0, 1e-3)  # 1 ms a row: the decode, then two drafted rows
+    decoding(sim, "a", 4, 20)
+    assert sched(sim.step({("a", 0): [1001, 1002, 1003, 1004]})) == [("a", 0, 4, 3, True)]
+
+
+def test_drafted_runs_leave_the_prefix_cache_as_plain_decoding():
+    rng = random.Random(3)
+    plan = [rng.choice([[], [1, 2, 3], None]) for _ in range(30)]  # no draft, a wrong one, a right one (None)
+
+    def run(drafting):
+        sim = _engine.SchedulerSim(64, 4)
+        decoding(sim, "a", 6, 25)
+        for step in plan:
+            if not sim.has_work():
+                break
+            n = len(sim.tokens("a")) - 6  # generated so far: the sim's next draws are 1000 + n, …
+            draft = [1000 + n + j for j in range(3)] if step is None else step
+            sim.step({("a", 0): draft} if drafting else {})
+        while sim.has_work():
+            sim.step()
+        return sim.stats()
+
+    plain, drafted = run(False), run(True)
+    assert plain["blocks_cached"] == drafted["blocks_cached"] > 0
+    assert plain["blocks_used"] == drafted["blocks_used"] == 0

@@ -11,6 +11,7 @@ from .model_source import resolve_model
 from .output_processor import RequestState
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
+from .speculative import draft_tokens
 from .structured import GrammarCompiler
 from .tokenizer import Tokenizer
 
@@ -23,17 +24,21 @@ class LLM:
     LLM(model=None) loads the default model; `model` is a GGUF path otherwise. Engine options: n_threads
     (default one per core), n_ctx, num_kv_blocks / kv_cache_memory, max_num_seqs, max_num_batched_tokens,
     enable_prefix_caching, target_itl (seconds > 0: each step beside running decodes takes only the prompt
-    tokens that keep its predicted time under this; 0: max_num_batched_tokens alone).
+    tokens that keep its predicted time under this; 0: max_num_batched_tokens alone), speculative_ngram (> 0:
+    speculative decoding by prompt lookup, up to this many drafted tokens per step; outputs are unchanged; or
+    vLLM's speculative_config={"method": "ngram", "num_speculative_tokens": K}).
     """
 
     def __init__(self, model: Optional[str] = None, *, n_threads: int = 0, n_ctx: int = 0, num_kv_blocks: int = 0,
                  kv_cache_memory: int = 0, block_size: int = 16, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True, target_itl: float = 0.0):
+                 max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True, target_itl: float = 0.0,
+                 speculative_ngram: int = 0, speculative_config: Optional[dict] = None):
         self.model_path = resolve_model(model)
         self.engine = _engine.Engine(self.model_path, n_threads=n_threads, n_ctx=n_ctx, num_kv_blocks=num_kv_blocks,
                                      kv_cache_memory=kv_cache_memory, block_size=block_size,
                                      max_num_seqs=max_num_seqs, max_batched_tokens=max_num_batched_tokens,
-                                     enable_prefix_caching=enable_prefix_caching, step_target=target_itl)
+                                     enable_prefix_caching=enable_prefix_caching, step_target=target_itl,
+                                     speculative_ngram=draft_tokens(speculative_ngram, speculative_config))
         self.tokenizer = Tokenizer.from_gguf_metadata(self.engine.metadata)
         self.engine.eos_ids = list(self.tokenizer.eos_ids)
         self.grammars = GrammarCompiler(self.tokenizer, self.engine.hparams["n_vocab"])

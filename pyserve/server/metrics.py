@@ -150,7 +150,10 @@ class Metrics:
         for key, metric, doc in _GAUGES:
             yield _family(GaugeMetricFamily, metric, doc, {n: s.get(key, 0) for n, s in stats.items()})
         yield _family(GaugeMetricFamily, "pyserve:kv_cache_usage_perc", "fraction of KV cache blocks in use (0-1)",
-                      {n: s.get("blocks_used", 0) / s["blocks_total"] if s.get("blocks_total") else 0.0
+                      {n: _ratio(s.get("blocks_used", 0), s.get("blocks_total", 0)) for n, s in stats.items()})
+        yield _family(GaugeMetricFamily, "pyserve:spec_decode_draft_acceptance_rate",
+                      "drafted tokens accepted / drafted, since the start (0 before any draft)",
+                      {n: _ratio(s.get("spec_accepted_tokens", 0), s.get("spec_draft_tokens", 0))
                        for n, s in stats.items()})
         yield _family(GaugeMetricFamily, "pyserve:http_requests_in_flight", "generation requests being served",
                       {n: self._children[n].inflight if n in self._children else 0 for n in stats})
@@ -177,7 +180,11 @@ _COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
               "prompt tokens looked up in the prefix cache at admission"),
              ("prefix_cache_hits", "pyserve:prefix_cache_hits", "prompt tokens found in the prefix cache at admission"),
              ("steps", "pyserve:engine_steps", "engine steps"),
-             ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model")]
+             ("tokens_computed", "pyserve:tokens_computed", "tokens run through the model (drafted ones too)"),
+             ("spec_drafts", "pyserve:spec_decode_num_drafts", "speculative drafts verified (one per stream and step)"),
+             ("spec_draft_tokens", "pyserve:spec_decode_num_draft_tokens", "speculative tokens drafted and verified"),
+             ("spec_accepted_tokens", "pyserve:spec_decode_num_accepted_tokens",
+              "drafted tokens the model agreed with (each one a decode step saved)")]
 
 
 def _step_histogram(stats: dict) -> HistogramMetricFamily:
@@ -190,6 +197,10 @@ def _step_histogram(stats: dict) -> HistogramMetricFamily:
             buckets = [(repr(b), c) for b, c in zip(s["step_bucket_bounds"], s["step_buckets"])]
             f.add_metric([name], buckets + [("+Inf", s["steps"])], s["step_seconds_sum"])
     return f
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
 
 
 def _family(kind, metric: str, doc: str, values: dict):

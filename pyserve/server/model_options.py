@@ -13,6 +13,7 @@ every model, a table's key overrides it for its model.
     threads = 2
     max_num_seqs = 16
     max_num_batched_tokens = 128
+    speculative_ngram = 0         # drafted tokens per step at most (0: no speculative decoding)
     chat_template = "chat.jinja"  # a Jinja file, relative to this file's folder
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .model_catalog import Catalog, ModelSpec
 
 _ENGINE_KEYS = {"ctx_size": "n_ctx", "threads": "n_threads", "num_kv_blocks": "num_kv_blocks",
                 "kv_cache_memory": "kv_cache_memory", "max_num_seqs": "max_num_seqs",
-                "max_num_batched_tokens": "max_num_batched_tokens"}
+                "max_num_batched_tokens": "max_num_batched_tokens", "speculative_ngram": "speculative_ngram"}
 _KEYS = ("path", "aliases", "chat_template", *_ENGINE_KEYS)
 
 

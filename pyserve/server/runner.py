@@ -34,6 +34,9 @@ log = logging.getLogger("pyserve.server")
 # streams takes only the prompt tokens that keep it under this, so inter-token latency stays steady while
 # new prompts still go in, in big chunks when nothing streams
 DEFAULT_TARGET_ITL = 0.020
+# Speculative decoding by prompt lookup: drafted tokens per sequence and step at most (docs/BENCHMARKS.md: how
+# it was chosen; 0: off). Outputs are bit-identical either way; a stream whose text does not copy stops drafting.
+DEFAULT_SPECULATIVE_NGRAM = 7
 
 
 @dataclass
@@ -70,6 +73,7 @@ class ServeOptions:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512  # per step at most (a hard cap; target_itl sizes prompt chunks under it)
     target_itl: float = DEFAULT_TARGET_ITL  # seconds a step beside decodes aims at (0: the token budget alone)
+    speculative_ngram: int = DEFAULT_SPECULATIVE_NGRAM  # drafted tokens per step at most (0: no speculation)
     trust_request_chat_template: bool = False
     pooling: str = "last"
     normalize_embeddings: bool = True
@@ -159,7 +163,8 @@ async def _drain(state, signals: _Signals, timeout: float) -> None:
 async def _run_models(opts: ServeOptions, state, signals: _Signals, url: str, task_status) -> None:
     engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
                        kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
-                       max_num_batched_tokens=opts.max_num_batched_tokens, target_itl=opts.target_itl)
+                       max_num_batched_tokens=opts.max_num_batched_tokens, target_itl=opts.target_itl,
+                       speculative_ngram=opts.speculative_ngram)
     catalog = await trio.to_thread.run_sync(partial(build_catalog, list(opts.models), opts.models_dir,
                                                     opts.models_config, list(opts.served_model_name), engine_opts))
     names = catalog.names()
