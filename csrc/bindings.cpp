@@ -529,7 +529,7 @@ py::dict engine_stats(Engine& e) {
                   py::arg("step_seconds_sum") = s.step_seconds_sum,
                   py::arg("step_bucket_bounds") = kStepBuckets, py::arg("spec_drafts") = s.spec_drafts,
                   py::arg("spec_draft_tokens") = s.spec_draft_tokens,
-                  py::arg("spec_accepted_tokens") = s.spec_accepted_tokens);
+                  py::arg("spec_accepted_tokens") = s.spec_accepted_tokens, py::arg("row_costs") = s.row_costs);
 }
 
 void bind_engine(py::module_& m) {
@@ -627,6 +627,11 @@ class SchedulerSim {
     cost_.set_weights(floor_s, s_per_gmac);
     sched_.set_step_target(seconds, &cost_);
   }
+  // Prices drafted rows: seconds[r] is what a step of r rows takes (seconds[0] = 0).
+  void set_row_costs(std::vector<double> seconds) {
+    row_costs_.seconds = std::move(seconds);
+    sched_.set_row_costs(&row_costs_);
+  }
 
   void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n) {
     if (tokens.empty() || max_tokens < 1 || n < 1 || n > max_num_seqs_)
@@ -657,6 +662,7 @@ class SchedulerSim {
     for (Sequence* s : sched_.running()) {
       auto it = drafts.find({s->id, index_of(s)});
       s->draft = it != drafts.end() && s->n_pending() == 1 ? it->second : std::vector<int32_t>{};
+      if (!s->draft.empty()) s->draft_policy.tick();
     }
     Schedule sc = sched_.schedule();
     py::list scheduled, finished, tokens;
@@ -724,14 +730,18 @@ class SchedulerSim {
     const std::vector<int32_t> draft = d->draft;
     size_t j = 0;
     bool done = false;
+    int32_t tok = -1;
     for (;; j++) {
-      int32_t tok = 1000 * (d->index + 1) + d->n_generated();
+      tok = 1000 * (d->index + 1) + d->n_generated();
       d->tokens.push_back(tok);
       tokens.append(py::make_tuple(d->id, d->index, tok));
       done = d->n_generated() >= d->stop.max_tokens;
       if (done || j == draft.size() || tok != draft[j]) break;
     }
-    if (!draft.empty()) sched_.verified(d, (int)j);
+    if (!draft.empty()) {
+      d->draft_policy.observe((int)draft.size(), (int)j + (j < draft.size() && tok == draft[j]));
+      sched_.verified(d, (int)j);
+    }
     if (done) {
       finished.append(py::make_tuple(d->id, d->index));
       finish(d);
@@ -749,6 +759,7 @@ class SchedulerSim {
   BlockManager bm_;  // before sched_, which holds a reference to it
   Scheduler sched_;
   StepCostModel cost_;
+  RowCosts row_costs_;
   std::map<std::string, std::vector<std::unique_ptr<Sequence>>> groups_;
   int max_num_seqs_;
 };
@@ -810,6 +821,8 @@ void bind_runtime(py::module_& m) {
            py::arg("floor_s"), py::arg("s_per_gmac"),
            "plan each step under `seconds` with a fixed cost model: macs = (per row, per sampled row, per "
            "context position), step time = floor_s + s_per_gmac × GMACs")
+      .def("set_row_costs", &SchedulerSim::set_row_costs, py::arg("seconds"),
+           "price drafted rows: seconds[r] a step of r rows takes (seconds[0] = 0)")
       .def("running", &SchedulerSim::running, "[(id, index)] in admission order")
       .def("waiting", &SchedulerSim::waiting, "[(id, index)], next first")
       .def("table", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).blocks.blocks; },

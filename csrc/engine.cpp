@@ -84,6 +84,10 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
     calibrate();
     scheduler_->set_step_target(cfg_.step_target, &cost_);
   }
+  if (cfg_.speculative_ngram > 0) {
+    calibrate_rows();
+    scheduler_->set_row_costs(&row_costs_);
+  }
   snapshot_stats();
   int64_t eos = file_->get_int("tokenizer.ggml.eos_token_id", -1);
   if (eos >= 0) eos_ids_.push_back((int32_t)eos);
@@ -294,11 +298,11 @@ void Engine::propose_drafts() {
     if (seq->n_pending() == 1 && seq->sampler && seq->pending_samples.empty()) propose_draft(seq);
 }
 
-// At most what the policy wants, what max_tokens leaves after the token this step draws anyway, and what the
-// grammar (if any) accepts in a row.
+// At most K, what max_tokens leaves after the token this step draws anyway, and what the grammar (if any)
+// accepts in a row; the scheduler keeps the rows worth their time.
 void Engine::propose_draft(Sequence* seq) {
-  const int left = seq->stop.max_tokens - seq->n_generated() - 1;
-  const int k = std::min(seq->draft_policy.want(cfg_.speculative_ngram), left);
+  seq->draft_policy.tick();
+  const int k = std::min(cfg_.speculative_ngram, seq->stop.max_tokens - seq->n_generated() - 1);
   if (k <= 0) return;
   seq->ngrams.extend(seq->tokens);
   seq->draft = seq->ngrams.propose(seq->tokens, k);
@@ -320,18 +324,35 @@ std::vector<StepOutput> Engine::step() {
   for (const BlockCopy& c : sched.copies) kv_->copy_block(c.first, c.second);
   build_batch(sched);
   const StepShape shape = shape_of(sched);  // before the step moves (or frees) its sequences
+  const double t_forward = monotonic_now();
   model_->forward(batch_, *kv_, *pool_, logits_, &hidden_);
+  if (shape.logit_rows == shape.tokens)  // decodes and drafts alone: what drafted rows are priced on
+    row_costs_.observe(shape.tokens, monotonic_now() - t_forward);
   record_rows(sched);
   steps_++;
   tokens_computed_ += batch_.size();
-  const int V = model_->hparams().n_vocab;
   const double t_step = monotonic_now();
+  std::vector<std::pair<Sequence*, const float*>> draws = computed(sched, t_step, out);
+  sample_draws(draws, t_step, out);
+  last_step_s_ = monotonic_now() - t_sched;
+  cost_.observe(shape, last_step_s_);
+  step_seconds_sum_ += last_step_s_;
+  for (size_t i = 0; i < kStepBuckets.size(); i++) step_buckets_[i] += last_step_s_ <= kStepBuckets[i];
+  snapshot_stats();
+  return out;
+}
+
+// After the forward: each scheduled sequence's rows are computed (its drafted ones once verified), prefill-only
+// requests end, n > 1 prompts fork. Returns the draws, (sample, its logits rows), in output order.
+std::vector<std::pair<Sequence*, const float*>> Engine::computed(const Schedule& sched, double t_step,
+                                                                 std::vector<StepOutput>& out) {
+  const int V = model_->hparams().n_vocab;
   size_t row = 0;
-  std::vector<std::pair<Sequence*, const float*>> draws;  // (sample, its logits row), in output order
+  std::vector<std::pair<Sequence*, const float*>> draws;
   for (const ScheduledSeq& s : sched.seqs) {
     Sequence* seq = s.seq;
     const int drafted = (int)seq->draft.size();
-    scheduler_->computed(seq, s.n_tokens - drafted);  // the drafted rows count once verified
+    scheduler_->computed(seq, s.n_tokens - drafted);
     if (!s.sample) continue;
     if (seq->prefill_only()) {
       end_prefill(seq, t_step, out);
@@ -343,13 +364,7 @@ std::vector<StepOutput> Engine::step() {
     std::vector<Sequence*> drawers = seq->pending_samples.empty() ? std::vector<Sequence*>{seq} : fork(seq);
     for (Sequence* d : drawers) draws.emplace_back(d, logits);
   }
-  sample_draws(draws, t_step, out);
-  last_step_s_ = monotonic_now() - t_sched;
-  cost_.observe(shape, last_step_s_);
-  step_seconds_sum_ += last_step_s_;
-  for (size_t i = 0; i < kStepBuckets.size(); i++) step_buckets_[i] += last_step_s_ <= kStepBuckets[i];
-  snapshot_stats();
-  return out;
+  return draws;
 }
 
 StepShape Engine::shape_of(const Schedule& sched) const {
@@ -379,6 +394,23 @@ void Engine::calibrate() {
   const StepMacs m = step_macs(model_->hparams());
   const double rate = std::max((t[1] - t[0]) / ((s[1].macs(m) - s[0].macs(m)) * 1e-9), 1e-6);
   cost_.set_weights(std::max(t[0] - rate * s[0].macs(m) * 1e-9, 0.0), rate);
+}
+
+// RowCosts: a fresh sequence of r tokens, every row projected, the least of three forwards, r = 1 … spec_rows.
+void Engine::calibrate_rows() {
+  const int rows = std::min({scheduler_->config().spec_rows, cfg_.n_ctx, cfg_.num_kv_blocks * cfg_.block_size});
+  const std::vector<int32_t> tokens(std::max(rows, 0), model_->hparams().n_vocab > 1 ? 1 : 0);
+  row_costs_.seconds.assign(1, 0.0);
+  for (int r = 1; r <= rows; r++) {
+    const std::vector<int32_t> t(tokens.begin(), tokens.begin() + r);
+    double best = INFINITY;
+    for (int k = 0; k < 3; k++) {
+      const double t0 = monotonic_now();
+      prompt_logits(t, {});
+      best = std::min(best, monotonic_now() - t0);
+    }
+    row_costs_.seconds.push_back(std::max(best, row_costs_.seconds.back()));
+  }
 }
 
 void Engine::build_batch(const Schedule& sched) {
@@ -498,7 +530,7 @@ void Engine::apply_draw(Sequence* d, std::vector<SampleResult>& results, double 
     const int drafted = (int)d->draft.size(), kept = (int)results.size() - 1;
     const int agreed = kept + (kept < drafted && results.back().token == d->draft[kept]);
     spec_drafts_++, spec_draft_tokens_ += drafted, spec_accepted_tokens_ += agreed;
-    d->draft_policy.observe(drafted, agreed, cfg_.speculative_ngram);
+    d->draft_policy.observe(drafted, agreed);
     scheduler_->verified(d, kept);  // before finish: the prefix cache gets what plain decoding would give it
   }
   if (ended) finish(d);
@@ -539,6 +571,7 @@ void Engine::snapshot_stats() {
   s.spec_drafts = spec_drafts_;
   s.spec_draft_tokens = spec_draft_tokens_;
   s.spec_accepted_tokens = spec_accepted_tokens_;
+  s.row_costs = row_costs_.seconds;
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = s;
 }

@@ -89,6 +89,7 @@ struct EngineStats {
   double step_seconds_sum = 0.0;
   // speculative decoding: drafts verified, tokens they held, and of those the ones the model agreed with
   uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  std::vector<double> row_costs;                              // RowCosts::seconds (empty: speculation off)
 };
 
 // Upper bounds (seconds) of the step-time histogram's buckets; one more, +inf, is `steps`.
@@ -146,12 +147,15 @@ class Engine {
   void check_size(const Request& req) const;  // context length and KV pool
   void build_batch(const Schedule& sched);
   void record_rows(const Schedule& sched);    // what the prompt rows of this forward give (embeddings, scores)
+  std::vector<std::pair<Sequence*, const float*>> computed(const Schedule& sched, double t_step,
+                                                           std::vector<StepOutput>& out);
   void score_rows(Sequence* seq, const float* hidden, int first, int end);
   void end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& out);
   void sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step, std::vector<StepOutput>& out);
   void finish(Sequence* seq);
   void snapshot_stats();
   void calibrate();                           // a few scratch forwards seed the step-cost model
+  void calibrate_rows();                      // and measure the row costs drafted rows are priced on
   StepShape shape_of(const Schedule& sched) const;
 
   EngineConfig cfg_;
@@ -178,6 +182,7 @@ class Engine {
   std::vector<ScoreScratch> score_scratch_;    // per thread
   uint64_t steps_ = 0, tokens_computed_ = 0;
   StepCostModel cost_;
+  RowCosts row_costs_;                         // with speculative decoding: what steps of 1 … 8 rows take
   double last_step_s_ = 0.0;
   std::array<uint64_t, 14> step_buckets_{};  // as EngineStats::step_buckets
   double step_seconds_sum_ = 0.0;

@@ -37,22 +37,4 @@ std::vector<int32_t> NgramIndex::propose(const std::vector<int32_t>& tokens, int
   return draft;
 }
 
-int DraftPolicy::want(int k_max) {
-  if (pause_ > 0) {
-    pause_--;
-    return 0;
-  }
-  if (k_ == 0) k_ = kFirst;
-  return std::min(k_, k_max);
-}
-
-void DraftPolicy::observe(int drafted, int accepted, int k_max) {
-  k_ = accepted == drafted ? std::min(k_max, 2 * drafted) : std::max(1, accepted + 1);
-  if (accepted > 0) {
-    misses_ = 0, backoff_ = 1;
-  } else if (++misses_ >= kMisses) {
-    pause_ = backoff_, backoff_ = std::min(2 * backoff_, kMaxPause), misses_ = 0;
-  }
-}
-
 }  // namespace pyserve

@@ -7,9 +7,7 @@
 // per token, indexed incrementally (extend() looks only at the tokens appended since its last call), and
 // kMaxNgram lookups per proposal — never a scan of the text.
 //
-// DraftPolicy: how many tokens a sequence drafts next, from what its last drafts had accepted (k grows while
-// every drafted token is accepted, shrinks to just past what was; after misses in a row it pauses drafting,
-// for longer each time), so a sequence whose text does not copy stops paying for verification rows.
+// DraftPolicy: what a sequence's verified drafts say about its next one (below).
 #pragma once
 
 #include <cstdint>
@@ -35,22 +33,22 @@ class NgramIndex {
   int indexed_ = 0;                                 // followers registered for positions [1, indexed_)
 };
 
+// A sequence's estimate of p, the chance that a drafted token is accepted once the ones before it were:
+// (accepted + 1) / (accepted + rejected + 2) over its verified drafts (a draft not accepted whole counts one
+// rejection), every count fading by kDecay a step. The scheduler drafts the rows whose expected tokens
+// (p, p², … for a draft's 1st, 2nd, … token) pay for what they add to the step; a sequence whose drafts
+// miss stops drafting, and as its misses fade it tries again — rarely where rows are dear.
 class DraftPolicy {
  public:
-  static constexpr int kFirst = 3;     // the first draft's length (at most k_max)
-  static constexpr int kMisses = 2;    // drafts in a row with nothing accepted before a pause
-  static constexpr int kMaxPause = 64; // steps, the longest pause
+  static constexpr double kDecay = 0.97;  // per step: evidence ~30 steps old counts a third
 
-  // This step's draft length, in [0, k_max]; 0 while paused (each call counts a paused step down).
-  int want(int k_max);
-  // A draft of `drafted` tokens (> 0) of which the first `accepted` were accepted.
-  void observe(int drafted, int accepted, int k_max);
+  void tick() { accepted_ *= kDecay, rejected_ *= kDecay; }  // once a step, before the proposal
+  double p() const { return (accepted_ + 1.0) / (accepted_ + rejected_ + 2.0); }
+  // A draft of `drafted` tokens (> 0) whose first `accepted` were accepted.
+  void observe(int drafted, int accepted) { accepted_ += accepted, rejected_ += accepted < drafted; }
 
  private:
-  int k_ = 0;        // the next draft's length (0: none yet)
-  int misses_ = 0;   // drafts in a row with nothing accepted
-  int pause_ = 0;    // steps left without drafting
-  int backoff_ = 1;  // the next pause's length (steps)
+  double accepted_ = 0, rejected_ = 0;  // faded counts of accepted tokens and of rejections
 };
 
 }  // namespace pyserve

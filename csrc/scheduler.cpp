@@ -122,31 +122,46 @@ Schedule Scheduler::schedule() {
   return out;
 }
 
-// Each scheduled decode with a draft takes what is left of its rows in step order; a draft that does not fit
-// (rows, budget, time, blocks) is cut, the decode itself stays.
+// Each scheduled decode with a draft gets the rows draft_rows gives it; a draft whose blocks are short is
+// dropped (the decode itself stays), and the rest of every draft is cut.
 void Scheduler::add_drafts(Schedule& out, int budget, PrefillBudget& time) {
   int rows = 0;
   for (const ScheduledSeq& s : out.seqs) rows += s.n_tokens;
-  int room = std::max(0, std::min(budget, cfg_.spec_rows - rows));
-  for (ScheduledSeq& s : out.seqs) {
-    Sequence* seq = s.seq;
-    if (seq->draft.empty()) continue;
-    const bool decode = s.sample && s.n_tokens == 1 && seq->n_pending() == 1;
-    int d = decode ? draft_take(time, seq, std::min<int>((int)seq->draft.size(), room)) : 0;
+  const std::vector<int> take = draft_rows(out, std::max(0, std::min(budget, cfg_.spec_rows - rows)), time);
+  for (size_t i = 0; i < out.seqs.size(); i++) {
+    Sequence* seq = out.seqs[i].seq;
+    int d = take[i];
     if (d > 0 && !blocks_.append(seq->blocks, seq->n_computed + 1, seq->n_computed + 1 + d, &out.copies)) d = 0;
     seq->draft.resize(d);
-    s.n_tokens += d;
-    room -= d;
+    out.seqs[i].n_tokens += d;
   }
 }
 
-// The most of `want` drafted rows (each projected) the step target leaves time for; b is charged them.
-int Scheduler::draft_take(PrefillBudget& b, const Sequence* seq, int want) const {
-  if (want <= 0 || !b.bounded) return std::max(want, 0);
-  int d = want;
-  while (d > 0 && cost_->chunk_cost(d, seq->n_computed + 1, d) > b.seconds) d--;
-  b.seconds -= cost_->chunk_cost(d, seq->n_computed + 1, d);
-  return d;
+// Drafted rows per scheduled sequence, at most `room` in all: the row expected to give most tokens next (the
+// j-th drafted token of a sequence stands with probability p^j) while it is worth its time (RowCosts) and
+// the step target leaves that time.
+std::vector<int> Scheduler::draft_rows(const Schedule& out, int room, PrefillBudget& time) const {
+  std::vector<int> take(out.seqs.size(), 0);
+  std::vector<double> next(out.seqs.size(), 0.0);  // the expected tokens of each sequence's next row
+  int rows = 0, streams = 0;
+  double tokens = 0;
+  for (size_t i = 0; i < out.seqs.size(); i++) {
+    const ScheduledSeq& s = out.seqs[i];
+    rows += s.n_tokens, streams += s.sample, tokens += s.sample;
+    if (s.sample && s.n_tokens == 1 && s.seq->n_pending() == 1 && !s.seq->draft.empty())
+      next[i] = s.seq->draft_policy.p();
+  }
+  for (; room > 0; room--, rows++) {
+    const size_t i = std::max_element(next.begin(), next.end()) - next.begin();
+    if (next.empty() || next[i] <= 0 || (row_costs_ && !row_costs_->worth(next[i], tokens, rows, streams))) break;
+    const Sequence* seq = out.seqs[i].seq;
+    const double cost = time.bounded ? cost_->chunk_cost(1, seq->n_computed + 1 + take[i], 1) : 0.0;
+    if (time.bounded && cost > time.seconds) break;
+    time.seconds -= cost;
+    tokens += next[i];
+    take[i]++;
+    next[i] = take[i] < (int)seq->draft.size() ? next[i] * seq->draft_policy.p() : 0.0;
+  }
+  return take;
 }
-
 }  // namespace pyserve

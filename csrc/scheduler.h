@@ -10,7 +10,9 @@
 //
 // Speculative decoding: a decoding sequence's drafted tokens (Sequence::draft) ride on its decode as extra rows,
 // after every prompt chunk, within the token budget, the time the step target leaves and while the step's
-// rows stay within spec_rows; verified() then keeps the accepted ones' K/V and rolls the rest back.
+// rows stay within spec_rows — each row only if the tokens it is expected to give (DraftPolicy) pay for the
+// time it adds (RowCosts), the most promising rows first; verified() then keeps the accepted ones' K/V and
+// rolls the rest back.
 //
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
@@ -58,6 +60,8 @@ class Scheduler {
   // its predicted time leaves room for under `seconds` (at least min_prefill_chunk, so prompts always
   // progress); a step without decodes takes up to max_batched_tokens. 0 or null: the token budget alone.
   void set_step_target(double seconds, const StepCostModel* cost) { target_ = seconds, cost_ = cost; }
+  // Prices drafted rows (null: any that fits the rows, the budget and the target is taken).
+  void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
   void computed(Sequence* seq, int n);
   // After a verification: the first `accepted` drafted tokens are now seq's tokens and their K/V is kept
@@ -86,7 +90,7 @@ class Scheduler {
   PrefillBudget prefill_budget() const;
   int prefill_take(PrefillBudget& b, const Sequence* seq, int start, int want);  // tokens, and charges b
   void add_drafts(Schedule& out, int budget, PrefillBudget& time);
-  int draft_take(PrefillBudget& b, const Sequence* seq, int want) const;
+  std::vector<int> draft_rows(const Schedule& out, int room, PrefillBudget& time) const;
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;
@@ -96,6 +100,7 @@ class Scheduler {
   uint64_t admitted_ = 0;
   double target_ = 0.0;
   const StepCostModel* cost_ = nullptr;
+  const RowCosts* row_costs_ = nullptr;
 };
 
 }  // namespace pyserve

@@ -9,7 +9,10 @@
 // within ~50 steps. Seeded by two scratch forwards when the engine starts.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <vector>
 
 namespace pyserve {
 
@@ -32,6 +35,32 @@ struct StepShape {
     context += (double)n_tokens * first_pos + (double)n_tokens * (n_tokens + 1) / 2;
   }
   double macs(const StepMacs& m) const { return tokens * m.per_row + logit_rows * m.per_logit + context * m.per_context; }
+};
+
+// What the forward pass of r rows, every one projected to logits, takes, r = 1 … spec_rows: seeded when the
+// engine starts (the least of a few scratch forwards each), then followed on the steps of decodes and drafts
+// alone. The forward only: a drafted row that is accepted is sampled in place of a later decode's draw. The
+// forward is memory-bound for a few rows — the weights stream once — and then compute-bound: a knee no line
+// fits, and drafted rows are priced on it.
+struct RowCosts {
+  static constexpr double kFollow = 0.1;  // weight of each observed step
+  std::vector<double> seconds;            // [r]: the forward of r rows; seconds[0] = 0
+  void observe(int rows, double s) {
+    if (rows >= 1 && rows < (int)seconds.size()) seconds[rows] += kFollow * (s - seconds[rows]);
+  }
+  // A row must be expected to give kMargin × √streams times the tokens its time would give the step: slack for
+  // the estimate's error (p is a guess from few drafts, optimistic by its prior), and for whom the gain goes
+  // to — the drafting stream alone, while every stream in the step waits for the slower step (√: between the
+  // step's throughput, 1, and each stream paying for all, streams).
+  static constexpr double kMargin = 1.25;
+  // Whether one more row expected to give `gain` tokens raises the tokens per second of a step of `rows` rows
+  // and `streams` decodes, expected to give `tokens`, by that margin: (tokens + gain / margin) / T(rows + 1) >
+  // tokens / T(rows).
+  bool worth(double gain, double tokens, int rows, int streams) const {
+    if (rows < 1 || rows + 1 >= (int)seconds.size()) return false;
+    const double margin = kMargin * std::sqrt((double)std::max(streams, 1));
+    return (tokens + gain / margin) * seconds[rows] > tokens * seconds[rows + 1];
+  }
 };
 
 class StepCostModel {

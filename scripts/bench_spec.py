@@ -1,7 +1,8 @@
 """Speculative decoding by prompt lookup (n-gram drafting): decode speed with it on vs off, in the same run.
 
     python scripts/bench_spec.py [--max-tokens 256] [--rounds 2] [--threads 2] [--only grounded|free|concurrent]
-                                 [--on-args "--speculative-ngram 7"] [--off-args "--speculative-ngram 0"] [--json F]
+                                 [--streams 4,16] [--on-args "--speculative-ngram 7"]
+                                 [--off-args "--speculative-ngram 0"] [--json F]
     python scripts/bench_spec.py --on-args "" --off-args "" --max-tokens 48 --rounds 1   # both the same: ratio ~1
 
 Starts two `pyserve serve` on free loopback ports, one with --on-args and one with --off-args, and never sends to
@@ -12,9 +13,9 @@ first), client side; the texts must be identical on vs off, else a FAIL line and
 copy ratio (the output's tokens that occur in the prompt, and those whose 3-gram occurred earlier in prompt +
 output) is printed beside it. (2) free: story openings (spec_prompts.FREE) at temperature 0.8 with a fixed seed
 per request, ignore_eos, one stream: tok/s on vs off (target >= 0.97) and whether the texts are identical.
-(3) concurrent: 16 streams at once (a thread pool, one request each) of each workload: aggregate completion
-tok/s (all completion tokens / wall time). The acceptance rate is accepted / drafted tokens over each phase, from
-the ON server's /metrics counters when it exports them. Bounded: a fixed count of requests, each stream cut
+(3) concurrent: 16 streams (--streams) at once (a thread pool, one request each) of each workload: aggregate
+completion tok/s (all completion tokens / wall time). The acceptance rate is accepted / drafted tokens over each
+phase, from the ON server's /metrics counters when it exports them. Bounded: a fixed count of requests, each stream cut
 off after LIMIT_S s; loopback only.
 """
 from __future__ import annotations
@@ -40,7 +41,6 @@ from pyserve.bench.prometheus import parse_metrics, total
 DRAFT = "pyserve:spec_decode_num_draft_tokens_total"
 ACCEPTED = "pyserve:spec_decode_num_accepted_tokens_total"
 LIMIT_S = 300.0  # one stream's wall-clock limit
-STREAMS = 16  # the concurrent phase's streams
 
 
 @dataclass
@@ -184,9 +184,12 @@ def concurrent_row(workload: str, servers: dict[str, ServerProcess], bodies: lis
 
 def concurrent_phases(servers: dict[str, ServerProcess], a: argparse.Namespace) -> list[Callable[[], dict]]:
     grounded = grounded_bodies(a.max_tokens)
-    return [lambda: concurrent_row("grounded", servers, [grounded[i % len(grounded)] for i in range(STREAMS)],
-                                   a.rounds),
-            lambda: concurrent_row("free", servers, free_bodies(a.max_tokens, STREAMS), a.rounds)]
+    out = []
+    for n in a.streams:  # n=n: each phase its own count
+        out += [lambda n=n: concurrent_row("grounded", servers, [grounded[i % len(grounded)] for i in range(n)],
+                                           a.rounds),
+                lambda n=n: concurrent_row("free", servers, free_bodies(a.max_tokens, n), a.rounds)]
+    return out
 
 
 def phases(servers: dict[str, ServerProcess], a: argparse.Namespace) -> list[Callable[[], dict]]:
@@ -233,6 +236,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2, help="times each request (or batch of streams) runs per side")
     ap.add_argument("--threads", type=int, default=2, help="each server's engine threads")
+    ap.add_argument("--streams", type=lambda t: [int(x) for x in t.split(",")], default=[16],
+                    help="the concurrent phase's stream counts, comma-separated (default 16)")
     ap.add_argument("--only", choices=("grounded", "free", "concurrent"), default=None)
     ap.add_argument("--json", default=None, metavar="F", help="write the figures to F")
     return ap.parse_args()

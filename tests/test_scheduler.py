@@ -274,8 +274,9 @@ def test_drafts_fill_only_the_rows_left_and_the_budget():
     sim = _engine.SchedulerSim(64, 4, spec_rows=5)
     for i, rid in enumerate("abc"):
         decoding(sim, rid, 4, 20, start=100 * (i + 1))
-    drafts = {(rid, 0): [1, 2, 3] for rid in "abc"}  # three decodes leave two rows: the first in order gets them
-    assert sched(sim.step(drafts)) == [("a", 0, 6, 3, True), ("b", 0, 5, 1, True), ("c", 0, 4, 1, True)]
+    drafts = {(rid, 0): [1, 2, 3] for rid in "abc"}  # three decodes leave two rows
+    # all alike (p = 1/2): a's first drafted row, then b's (1/2) before a's second (1/4)
+    assert sched(sim.step(drafts)) == [("a", 0, 6, 2, True), ("b", 0, 5, 2, True), ("c", 0, 4, 1, True)]
     sim = _engine.SchedulerSim(64, 4, max_batched_tokens=2)
     decoding(sim, "a", 2, 20)
     assert sched(sim.step({("a", 0): [1001, 1002, 1003]})) == [("a", 0, 2, 2, True)]
@@ -317,3 +318,33 @@ def test_drafted_runs_leave_the_prefix_cache_as_plain_decoding():
     plain, drafted = run(False), run(True)
     assert plain["blocks_cached"] == drafted["blocks_cached"] > 0
     assert plain["blocks_used"] == drafted["blocks_used"] == 0
+
+
+def test_drafted_rows_are_the_ones_worth_their_time():
+    ms = [0.0, 5.4, 5.6, 5.8, 5.9, 6.1, 6.6, 7.0, 7.5]  # a step of r rows, ms (this machine's shape)
+    sim = _engine.SchedulerSim(64, 4)
+    sim.set_row_costs([t * 1e-3 for t in ms])
+    decoding(sim, "a", 4, 400)
+    # p = 1/2: rows of 1/2, 1/4, 1/8 expected tokens pay (with RowCosts' margin, 1.25) for 0.2, 0.2, 0.1 ms;
+    # the 4th (1/16) not for 0.2 ms
+    assert sched(sim.step({("a", 0): [1, 2, 3, 4, 5, 6, 7]})) == [("a", 0, 4, 4, True)]
+    for _ in range(3):  # drafts that keep missing: p falls, and the rows stop paying
+        sim.step({("a", 0): [1, 2, 3, 4, 5, 6, 7]})
+    assert sched(sim.step({("a", 0): [1, 2, 3]}))[0][3] < 4
+    rows = []
+    for _ in range(30):  # drafts that are right: p climbs, and more rows pay
+        n = len(sim.tokens("a")) - 4  # generated so far: the sim draws 1000 + n, 1000 + n + 1, …
+        rows.append(sched(sim.step({("a", 0): [1000 + n + j for j in range(7)]}))[0][3])
+    assert rows == sorted(rows) and rows[0] <= 3 and rows[-1] >= 7  # the 8th row (+0.5 ms) pays only near p = 1
+
+
+def test_more_streams_draft_fewer_rows():
+    """The same drafts (p = 1/2 each): one stream takes three rows; of four, one row in all — a slower step is
+    waited for by every stream in it, the gain is the drafting one's (RowCosts' margin grows as √streams)."""
+    ms = [0.0, 5.4, 5.6, 5.8, 5.9, 6.1, 6.6, 7.0, 7.5]
+    sim = _engine.SchedulerSim(64, 4)
+    sim.set_row_costs([t * 1e-3 for t in ms])
+    for i, rid in enumerate("abcd"):
+        decoding(sim, rid, 4, 40, start=100 * (i + 1))
+    s = sched(sim.step({(rid, 0): [1, 2, 3, 4, 5, 6, 7] for rid in "abcd"}))
+    assert len(s) == 4 and sum(n for _, _, _, n, _ in s) == 4 + 1

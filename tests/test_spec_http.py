@@ -60,7 +60,7 @@ def test_default_server_drafts_and_answers_as_without(server, plain):
         for stream in (False, True):
             assert completion(server, p, stream) == completion(plain, p, stream)
     drafted, accepted, rate = spec_counters(server)
-    assert drafted > drafted0 and accepted - accepted0 > 0.5 * (drafted - drafted0)
+    assert drafted > drafted0 and accepted - accepted0 > 0.25 * (drafted - drafted0)
     assert 0 < rate <= 1 and rate == pytest.approx(accepted / drafted)
     assert spec_counters(plain)[:2] == (0, 0)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from typing import Optional, Union
 
-MAX_NGRAM = 4  # NgramIndex::kMaxNgram
+from .. import _engine
+
+MAX_NGRAM = _engine.NgramIndex.max_ngram  # the longest suffix the index looks up
 _KNOWN = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
 
 
