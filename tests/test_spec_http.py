@@ -3,6 +3,7 @@
 accepted tokens in /metrics under vLLM's names; a bad value of the flag is a usage error."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from pyserve.bench.launch import ServerProcess
+from pyserve.bench.launch import PYSERVE_HOME, ServerProcess
 from pyserve.bench.prometheus import parse_metrics, total
 
 RECORD = "Name: Ada Lovelace\nBorn: 10 December 1815\nCity: London\nKnown for: the first computer program\n"
@@ -78,6 +79,7 @@ def test_chat_with_sampling_and_a_seed_is_the_same(server, plain):
                                              ("--speculative-config", '{"method": "eagle"}', "only 'ngram'"),
                                              ("--speculative-config", "{not json", "Expecting")])
 def test_a_bad_value_is_a_usage_error(flag, value, says):
-    r = subprocess.run([sys.executable, "-m", "pyserve", "serve", flag, value],
-                       capture_output=True, text=True, timeout=60)
+    env = dict(os.environ, PYTHONPATH=PYSERVE_HOME)  # the pyserve these tests import, built or installed
+    r = subprocess.run([sys.executable, "-m", "pyserve", "serve", flag, value], capture_output=True, text=True,
+                       env=env, cwd=PYSERVE_HOME, timeout=60)
     assert r.returncode == 2 and flag in r.stderr and says in r.stderr
