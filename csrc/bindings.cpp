@@ -727,21 +727,15 @@ class SchedulerSim {
 
   // d's made-up tokens: one, then one more per drafted token that matched, as the engine's verification.
   void draw(Sequence* d, py::list& tokens, py::list& finished) {
-    const std::vector<int32_t> draft = d->draft;
-    size_t j = 0;
     bool done = false;
-    int32_t tok = -1;
-    for (;; j++) {
-      tok = 1000 * (d->index + 1) + d->n_generated();
+    for (size_t j = 0;; j++) {
+      const int32_t tok = 1000 * (d->index + 1) + d->n_generated();
       d->tokens.push_back(tok);
       tokens.append(py::make_tuple(d->id, d->index, tok));
       done = d->n_generated() >= d->stop.max_tokens;
-      if (done || j == draft.size() || tok != draft[j]) break;
+      if (done || j == d->draft.size() || tok != d->draft[j]) break;
     }
-    if (!draft.empty()) {
-      d->draft_policy.observe((int)draft.size(), (int)j + (j < draft.size() && tok == draft[j]));
-      sched_.verified(d, (int)j);
-    }
+    if (!d->draft.empty()) sched_.verified(d);
     if (done) {
       finished.append(py::make_tuple(d->id, d->index));
       finish(d);
@@ -770,7 +764,6 @@ void bind_runtime(py::module_& m) {
       .def("extend", &NgramIndex::extend, py::arg("tokens"), "indexes the tokens appended since the last call")
       .def("propose", &NgramIndex::propose, py::arg("tokens"), py::arg("k"),
            "-> up to k tokens that followed the latest earlier occurrence of the longest suffix (<= 4 tokens)")
-      .def_property_readonly("indexed", &NgramIndex::indexed)
       .def_readonly_static("max_ngram", &NgramIndex::kMaxNgram);
   py::class_<PyBlockManager>(m, "BlockManager", "The engine's KV block manager over numbered tables, no model.")
       .def(py::init<int, int, bool>(), py::arg("num_blocks"), py::arg("block_size"), py::arg("prefix_caching") = true)

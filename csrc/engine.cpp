@@ -527,11 +527,8 @@ void Engine::apply_draw(Sequence* d, std::vector<SampleResult>& results, double 
     out.push_back(std::move(o));
   }
   if (!d->draft.empty()) {
-    const int drafted = (int)d->draft.size(), kept = (int)results.size() - 1;
-    const int agreed = kept + (kept < drafted && results.back().token == d->draft[kept]);
-    spec_drafts_++, spec_draft_tokens_ += drafted, spec_accepted_tokens_ += agreed;
-    d->draft_policy.observe(drafted, agreed);
-    scheduler_->verified(d, kept);  // before finish: the prefix cache gets what plain decoding would give it
+    spec_drafts_++, spec_draft_tokens_ += d->draft.size();
+    spec_accepted_tokens_ += scheduler_->verified(d);  // before finish: the prefix cache as plain decoding's
   }
   if (ended) finish(d);
 }

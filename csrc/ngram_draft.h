@@ -25,7 +25,6 @@ class NgramIndex {
   // Up to k tokens that followed the latest earlier occurrence of the longest suffix of `tokens` (as indexed
   // by extend(tokens) just before); empty when not even the last token occurred earlier.
   std::vector<int32_t> propose(const std::vector<int32_t>& tokens, int k) const;
-  int indexed() const { return indexed_; }
 
  private:
   static uint64_t key(const int32_t* gram, int n);

@@ -32,10 +32,17 @@ void Scheduler::computed(Sequence* seq, int n) {
   blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
 }
 
-void Scheduler::verified(Sequence* seq, int accepted) {
-  computed(seq, accepted);
+int Scheduler::verified(Sequence* seq) {
+  const std::vector<int32_t>& draft = seq->draft;
+  const int drawn = (int)seq->tokens.size() - seq->n_computed;  // from the last computed token's row on
+  int agreed = 0;
+  while (agreed < std::min<int>(drawn, (int)draft.size()) && draft[agreed] == seq->tokens[seq->n_computed + agreed])
+    agreed++;
+  seq->draft_policy.observe((int)draft.size(), agreed);
+  computed(seq, drawn - 1);  // every draw but the last followed a drafted row that agreed
   blocks_.truncate(seq->blocks, seq->n_computed);
   seq->draft.clear();
+  return agreed;
 }
 
 void Scheduler::fork(Sequence* parent, Sequence* child) {

@@ -64,10 +64,11 @@ class Scheduler {
   void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
   void computed(Sequence* seq, int n);
-  // After a verification: the first `accepted` drafted tokens are now seq's tokens and their K/V is kept
-  // (computed, committed to the prefix cache); the blocks past its computed tokens are released; the
-  // draft is cleared. Call after computed(seq, n_tokens - draft size).
-  void verified(Sequence* seq, int accepted);
+  // After a verification, once seq's draws are its tokens (computed(seq, n_tokens - draft size) first): the
+  // drafted rows the draws followed keep their K/V (computed, committed to the prefix cache), the blocks past
+  // its computed tokens are released, its DraftPolicy learns how many drafted tokens the draws agreed with,
+  // and the draft is cleared. Returns that count.
+  int verified(Sequence* seq);
   // child (fresh, same tokens as the running parent) joins the running set sharing the parent's blocks.
   void fork(Sequence* parent, Sequence* child);
   int blocks_needed(int n_tokens) const { return (n_tokens + cfg_.block_size - 1) / cfg_.block_size; }

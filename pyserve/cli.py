@@ -28,7 +28,7 @@ def _engine_args(p: argparse.ArgumentParser, models: bool = False) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per engine step at most (default 512); with --target-itl a hard cap, without it "
                         "the budget (a smaller one cuts prompts into more chunks, so streams wait less)")
-    p.add_argument("--speculative-ngram", type=_non_negative, default=None, metavar="K",
+    p.add_argument("--speculative-ngram", type=_speculative_ngram, default=None, metavar="K",
                    help="speculative decoding by prompt lookup: each step drafts up to K tokens per stream from "
                         "earlier text that its last tokens match, verified in the same forward pass; outputs are "
                         "unchanged, bit for bit (default 7 for serve, 0 for generate; 0: off)")
@@ -54,14 +54,13 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _non_negative(text: str) -> int:
+def _speculative_ngram(text: str) -> int:
+    from .engine.speculative import draft_tokens
+
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+        return draft_tokens(int(text))
+    except ValueError:  # not an integer, or one draft_tokens refuses
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
 
 
 def _speculative_config(text: str) -> dict:
