@@ -21,18 +21,6 @@ from pyserve.bench.prometheus import parse_metrics, totals
 MODEL = "gemma-3-270m-q4_k_m"
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Server().wait_ready()
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
 def sse_events(text: str) -> list:
     """Every event of an SSE body, checking the framing: `data: ...` lines, each followed by a blank line."""
     assert text.endswith("\n\n")
