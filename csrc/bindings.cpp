@@ -552,6 +552,8 @@ void bind_engine(py::module_& m) {
            "asked for them, else None; releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
+      .def("set_price_drafts", &Engine::set_price_drafts, py::arg("on"),
+           "False: every drafted row that fits is taken (drafting independent of timings, for tests)")
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
   def_request(engine, "add", &Engine::add,
               "Validates (as check_request; also refuses an id already live) and queues the request");

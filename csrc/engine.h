@@ -126,6 +126,10 @@ class Engine {
   // Ends every request with finish_reason "error: <what>" and frees its blocks (after a failed step).
   std::vector<StepOutput> fail_all(const std::string& what);
   EngineStats stats();  // thread-safe: a snapshot taken at the end of the last step
+  // With speculation: whether drafted rows are priced on the measured forward times (the default), or every
+  // row that fits is taken (drafting then depends on the tokens alone, not on timings: for tests). Call
+  // between steps.
+  void set_price_drafts(bool on) { scheduler_->set_row_costs(on && cfg_.speculative_ngram > 0 ? &row_costs_ : nullptr); }
 
   // Logits of positions `rows` (all when empty) of a fresh sequence, for scoring and tests:
   // [rows × n_vocab]. Uses free blocks without going through the scheduler; call between steps. Throws

@@ -48,6 +48,16 @@ ALL = GROUNDED + PROMPTS
 
 @pytest.fixture(scope="module")
 def on(model_path):
+    """Speculation with every drafted row that fits taken: what is drafted depends on the tokens alone, not on
+    the machine's timings, and every draft path is exercised."""
+    llm = LLM(model_path, n_threads=2, speculative_ngram=K)
+    llm.engine.set_price_drafts(False)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def priced(model_path):
+    """Speculation as served: drafted rows priced on the measured forward times."""
     return LLM(model_path, n_threads=2, speculative_ngram=K)
 
 
@@ -118,16 +128,18 @@ def test_index_proposes_what_followed_and_repeats_a_loop():
 
 # ---- exactness ----
 
-def test_greedy_alone_bit_identical_and_drafts_pay(on, off):
-    before = spec_counts(on)
+def test_greedy_alone_bit_identical_and_drafts_pay(on, priced, off):
+    """Every prompt alone, with every drafted row taken (on) and with rows priced as served: the same outputs
+    as without speculation; priced, most drafted tokens stand and the steps are fewer than the tokens."""
     params = SamplingParams(temperature=0, max_tokens=96, logprobs=3)
-    steps0 = on.engine.stats()["steps"]
-    for p in ALL:
-        assert_same(on, off, [p], params)
-    drafts, drafted, accepted = spec_counts(on) - before
-    assert drafts > 50 and accepted > 0.5 * drafted  # these prompts copy: most drafted tokens stand
     generated = sum(len(r[0]) for p in ALL for r in results(off, [p], params))
-    assert on.engine.stats()["steps"] - steps0 < 0.75 * generated  # fewer steps than tokens
+    for llm in (on, priced):
+        before, steps0 = spec_counts(llm), llm.engine.stats()["steps"]
+        for p in ALL:
+            assert_same(llm, off, [p], params)
+        drafts, drafted, accepted = spec_counts(llm) - before
+        assert drafts > 50 and llm.engine.stats()["steps"] - steps0 < 0.75 * generated  # fewer steps than tokens
+    assert accepted > 0.5 * drafted  # priced: these prompts copy, and most drafted tokens stand
 
 
 def test_greedy_batched_bit_identical(on, off):
@@ -198,14 +210,14 @@ def test_full_batch_drafts_nothing(on, off):
     assert (spec_counts(on) - before)[0] == 0
 
 
-def test_drafts_shrink_where_text_does_not_copy(on):
+def test_drafts_shrink_where_text_does_not_copy(priced):
     """Free text at temperature 1 rarely continues as it did before: a stream's estimate of its acceptance
     falls, and it drafts only the rows still worth their time, now and then; text that copies drafts long and
     takes fewer steps than tokens."""
     def run(prompt, params):
-        before, steps0 = spec_counts(on), on.engine.stats()["steps"]
-        n = len(on.generate([prompt], params)[0].outputs[0].token_ids)
-        return (*(spec_counts(on) - before), on.engine.stats()["steps"] - steps0, n)
+        before, steps0 = spec_counts(priced), priced.engine.stats()["steps"]
+        n = len(priced.generate([prompt], params)[0].outputs[0].token_ids)
+        return (*(spec_counts(priced) - before), priced.engine.stats()["steps"] - steps0, n)
 
     drafts, drafted, accepted, steps, n = run("Once upon a time, in a land far away,",
                                                SamplingParams(temperature=1.0, seed=1, max_tokens=200, ignore_eos=True))
