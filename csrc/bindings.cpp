@@ -554,6 +554,9 @@ void bind_engine(py::module_& m) {
       .def("stats", &engine_stats)
       .def("set_price_drafts", &Engine::set_price_drafts, py::arg("on"),
            "False: every drafted row that fits is taken (drafting independent of timings, for tests)")
+      .def("set_row_costs", &Engine::set_row_costs, py::arg("seconds"),
+           "Drafted rows priced on these fixed forward times ([r] = seconds of r rows, [0] = 0), no longer "
+           "followed: drafting independent of timings, for tests of the pricing")
       .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
   def_request(engine, "add", &Engine::add,
               "Validates (as check_request; also refuses an id already live) and queues the request");

@@ -326,7 +326,7 @@ std::vector<StepOutput> Engine::step() {
   const StepShape shape = shape_of(sched);  // before the step moves (or frees) its sequences
   const double t_forward = monotonic_now();
   model_->forward(batch_, *kv_, *pool_, logits_, &hidden_);
-  if (shape.logit_rows == shape.tokens)  // decodes and drafts alone: what drafted rows are priced on
+  if (follow_row_costs_ && shape.logit_rows == shape.tokens)  // decodes and drafts alone: what drafted rows are priced on
     row_costs_.observe(shape.tokens, monotonic_now() - t_forward);
   record_rows(sched);
   steps_++;
@@ -394,6 +394,18 @@ void Engine::calibrate() {
   const StepMacs m = step_macs(model_->hparams());
   const double rate = std::max((t[1] - t[0]) / ((s[1].macs(m) - s[0].macs(m)) * 1e-9), 1e-6);
   cost_.set_weights(std::max(t[0] - rate * s[0].macs(m) * 1e-9, 0.0), rate);
+}
+
+void Engine::set_row_costs(const std::vector<double>& seconds) {
+  if (cfg_.speculative_ngram <= 0) throw std::invalid_argument("row_costs: speculation is off");
+  const int most = scheduler_->config().spec_rows + 1;
+  if (seconds.size() < 2 || (int)seconds.size() > most || seconds[0] != 0.0)
+    throw std::invalid_argument("row_costs: [0, T(1), …] of 2 to " + std::to_string(most) + " entries");
+  for (size_t r = 1; r < seconds.size(); r++)
+    if (!(seconds[r] >= seconds[r - 1])) throw std::invalid_argument("row_costs: must not decrease");
+  row_costs_.seconds = seconds;
+  follow_row_costs_ = false;
+  scheduler_->set_row_costs(&row_costs_);
 }
 
 // RowCosts: a fresh sequence of r tokens, every row projected, the least of three forwards, r = 1 … spec_rows.

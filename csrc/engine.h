@@ -130,6 +130,10 @@ class Engine {
   // row that fits is taken (drafting then depends on the tokens alone, not on timings: for tests). Call
   // between steps.
   void set_price_drafts(bool on) { scheduler_->set_row_costs(on && cfg_.speculative_ngram > 0 ? &row_costs_ : nullptr); }
+  // With speculation: drafted rows priced on these forward times, [r] = seconds of r rows (seconds[0] = 0,
+  // non-decreasing, at most spec_rows + 1 entries), held fixed instead of followed — a fixed cost model, so what
+  // is drafted depends on the tokens alone (for tests of the pricing). Throws std::invalid_argument otherwise.
+  void set_row_costs(const std::vector<double>& seconds);
 
   // Logits of positions `rows` (all when empty) of a fresh sequence, for scoring and tests:
   // [rows × n_vocab]. Uses free blocks without going through the scheduler; call between steps. Throws
@@ -186,6 +190,7 @@ class Engine {
   std::vector<ScoreScratch> score_scratch_;    // per thread
   uint64_t steps_ = 0, tokens_computed_ = 0;
   StepCostModel cost_;
+  bool follow_row_costs_ = true;               // false once set_row_costs fixed them
   RowCosts row_costs_;                         // with speculative decoding: what steps of 1 … 8 rows take
   double last_step_s_ = 0.0;
   std::array<uint64_t, 14> step_buckets_{};  // as EngineStats::step_buckets
