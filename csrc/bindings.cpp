@@ -1,4 +1,5 @@
-// bindings: the only pybind11 file. C++ exceptions are translated here, once, into Python ones.
+// bindings: the engine as Python sees it (pyserve._engine). C++ exceptions are translated here, once, into
+// Python ones; the test harnesses are bindings_testing.cpp's (pyserve._engine.testing).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -7,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "bindings.h"
 #include "engine.h"
 #include "engine_loop.h"
 #include "grammar.h"
@@ -24,161 +26,9 @@
 namespace py = pybind11;
 using namespace pyserve;
 
-namespace {
+namespace pyserve {
 
-using u8array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
-using f32array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-
-const TypeTraits& traits_or_throw(uint32_t type) {
-  const TypeTraits* tt = type_traits(type);
-  if (!tt) throw std::invalid_argument("unsupported GGML type id " + std::to_string(type));
-  return *tt;
-}
-
-// ---- quant (tests hold the SIMD paths to their scalar twins and the dequantizers to gguf's) ----
-
-py::array_t<float> py_dequantize(uint32_t type, u8array raw, int64_t n) {
-  const TypeTraits& tt = traits_or_throw(type);
-  if (n % tt.block_size) throw std::invalid_argument("n is not a multiple of the block size");
-  if ((size_t)raw.size() < row_size((GGMLType)type, n)) throw std::invalid_argument("raw data too short");
-  py::array_t<float> out(n);
-  dequantize_row((GGMLType)type, raw.data(), out.mutable_data(), n);
-  return out;
-}
-
-// The rows of x ([ncols, n], or one row [n]) in activation format f, act_row_size(f, n) bytes apart.
-std::vector<uint8_t> act_bytes(ActFormat f, const f32array& x) {
-  const int64_t n = x.ndim() == 2 ? x.shape(1) : x.size(), ncols = x.ndim() == 2 ? x.shape(0) : 1;
-  const size_t stride = act_row_size(f, n);
-  std::vector<uint8_t> buf(stride * ncols);
-  for (int64_t c = 0; c < ncols; c++) quantize_act_row(f, x.data() + c * n, buf.data() + c * stride, n);
-  return buf;
-}
-
-// out[c · nrows + r] = row r of w (rb bytes apart) · activation column c, through the kernels the engine's
-// matmul runs for type t: the packed groups (packed.h) where t is packable, the rows zero-padded to whole
-// groups (a zero block has scale 0), vec_dot_tile otherwise.
-void engine_products(GGMLType t, int64_t n, const uint8_t* w, size_t rb, int64_t nrows, const uint8_t* act,
-                     int ncols, float* out) {
-  const size_t stride = act_row_size(type_traits((uint32_t)t)->act, n);
-  if (!packable(t)) return vec_dot_tile(t, n, w, rb, nrows, act, stride, ncols, out, nrows);
-  const int64_t padded = (nrows + PACK_ROWS - 1) / PACK_ROWS * PACK_ROWS;
-  std::vector<uint8_t> rows(padded * rb, 0);
-  std::memcpy(rows.data(), w, nrows * rb);
-  const auto p = pack_weight(t, rows.data(), rb, padded, n);
-  std::vector<float> all((size_t)ncols * padded);
-  packed_tile(*p, 0, p->n_groups, act, stride, ncols, all.data(), padded);
-  for (int c = 0; c < ncols; c++) std::memcpy(out + c * nrows, all.data() + c * padded, nrows * sizeof(float));
-}
-
-float py_vec_dot(uint32_t type, u8array w_row, f32array x, const std::string& impl) {
-  const TypeTraits& tt = traits_or_throw(type);
-  int64_t n = x.size();
-  const size_t rb = row_size((GGMLType)type, n);
-  if ((size_t)w_row.size() < rb) throw std::invalid_argument("weight row too short");
-  std::vector<uint8_t> act = act_bytes(tt.act, x);
-  if (impl == "ref") return vec_dot_ref((GGMLType)type, n, w_row.data(), act.data());
-  if (impl != "simd") throw std::invalid_argument("impl must be 'ref' or 'simd'");
-  float out;
-  engine_products((GGMLType)type, n, w_row.data(), rb, 1, act.data(), 1, &out);
-  return out;
-}
-
-// x: [ncols, n] float32 → out[ncols], one weight row against every column
-py::array_t<float> py_vec_dot_cols(uint32_t type, u8array w_row, f32array x) {
-  const TypeTraits& tt = traits_or_throw(type);
-  if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [ncols, n]");
-  int64_t ncols = x.shape(0), n = x.shape(1);
-  const size_t rb = row_size((GGMLType)type, n);
-  if ((size_t)w_row.size() < rb) throw std::invalid_argument("weight row too short");
-  std::vector<uint8_t> act = act_bytes(tt.act, x);
-  py::array_t<float> out(ncols);
-  engine_products((GGMLType)type, n, w_row.data(), rb, 1, act.data(), (int)ncols, out.mutable_data());
-  return out;
-}
-
-// w_rows: [nrows, row_bytes] raw weight rows; x: [ncols, n] → [ncols, nrows]
-py::array_t<float> py_vec_dot_tile(uint32_t type, u8array w_rows, f32array x) {
-  const TypeTraits& tt = traits_or_throw(type);
-  if (w_rows.ndim() != 2 || x.ndim() != 2) throw std::invalid_argument("w_rows and x must be 2-D");
-  const int64_t nrows = w_rows.shape(0), ncols = x.shape(0), n = x.shape(1);
-  const size_t rb = row_size((GGMLType)type, n);
-  if ((size_t)w_rows.shape(1) != rb) throw std::invalid_argument("w_rows' second dimension must be the row size");
-  std::vector<uint8_t> act = act_bytes(tt.act, x);
-  py::array_t<float> out({ncols, nrows});
-  engine_products((GGMLType)type, n, w_rows.data(), rb, nrows, act.data(), (int)ncols, out.mutable_data());
-  return out;
-}
-
-// w_rows: [nrows, row_bytes]; x: [T, n] → y[T, nrows] through ops' matmul, with the rows packed (packed.h)
-// when `pack` and the type allows, else through vec_dot_tile.
-py::array_t<float> py_matmul(uint32_t type, u8array w_rows, f32array x, int threads, bool pack) {
-  traits_or_throw(type);
-  if (w_rows.ndim() != 2 || x.ndim() != 2) throw std::invalid_argument("w_rows and x must be 2-D");
-  Weight W;
-  W.type = (GGMLType)type;
-  W.n_in = x.shape(1);
-  W.n_out = w_rows.shape(0);
-  W.row_bytes = row_size(W.type, W.n_in);
-  if ((size_t)w_rows.shape(1) != W.row_bytes) throw std::invalid_argument("w_rows' second dimension must be the row size");
-  W.data = w_rows.data();
-  if (pack && packable(W.type)) W.packed = pack_weight(W.type, W.data, W.row_bytes, W.n_out, W.n_in);
-  const int64_t T = x.shape(0);
-  py::array_t<float> out({T, W.n_out});
-  ThreadPool pool(threads);
-  ActBuffer act;
-  matmul(pool, W, x.data(), T, out.mutable_data(), act);
-  return out;
-}
-
-// Round trip of an activation row through its quantized format (for tests of quantize_act_row).
-py::array_t<float> py_act_roundtrip(uint32_t type, f32array x) {
-  const TypeTraits& tt = traits_or_throw(type);
-  int64_t n = x.size();
-  std::vector<uint8_t> act = act_bytes(tt.act, x);
-  py::array_t<float> out(n);
-  float* o = out.mutable_data();
-  if (tt.act == ActFormat::F32) {
-    std::memcpy(o, act.data(), n * sizeof(float));
-  } else if (tt.act == ActFormat::Q8_32) {
-    auto* b = reinterpret_cast<const block_q8_32*>(act.data());
-    for (int64_t i = 0; i < n; i++) o[i] = b[i / QK].d * b[i / QK].qs[i % QK];
-  } else {
-    auto* b = reinterpret_cast<const block_q8_K*>(act.data());
-    for (int64_t i = 0; i < n; i++) o[i] = b[i / QK_K].d * b[i / QK_K].qs[i % QK_K];
-  }
-  return out;
-}
-
-void bind_quant(py::module_& m) {
-  m.def("dequantize", &py_dequantize, py::arg("type"), py::arg("raw"), py::arg("n"),
-        "Dequantize n elements of GGML type id `type` from raw bytes.");
-  // vec_dot / vec_dot_cols / vec_dot_tile: products through the SIMD path the engine runs for the type (the
-  // packed kernels of a packable type, the per-row kernels otherwise; a scalar build: the reference).
-  m.def("vec_dot", &py_vec_dot, py::arg("type"), py::arg("w_row"), py::arg("x"), py::arg("impl") = "simd",
-        "Dot of one raw weight row with float x (quantized to the type's activation format first); "
-        "impl='simd': the engine's kernel for the type (packed types: the row in a group of 8 with 7 zero "
-        "rows), impl='ref': the scalar reference.");
-  m.def("vec_dot_cols", &py_vec_dot_cols, py::arg("type"), py::arg("w_row"), py::arg("x"),
-        "-> [ncols]: one raw weight row against every row of x [ncols, n]");
-  m.def("vec_dot_tile", &py_vec_dot_tile, py::arg("type"), py::arg("w_rows"), py::arg("x"),
-        "-> [ncols, nrows]: raw weight rows [nrows, row_bytes] against the rows of x [ncols, n]");
-  m.def("matmul", &py_matmul, py::arg("type"), py::arg("w_rows"), py::arg("x"), py::arg("threads") = 1,
-        py::arg("pack") = true);
-  m.def("packable", [](uint32_t type) { return packable((GGMLType)type); });
-  m.def("simd", [] {  // the x86 paths this build compiled in (simd.h)
-    return py::dict(py::arg("avx2") = (bool)PS_AVX2, py::arg("avx512bw") = (bool)PS_AVX512BW,
-                    py::arg("vnni") = (int)PS_VNNI);
-  });
-  m.def("act_roundtrip", &py_act_roundtrip, py::arg("type"), py::arg("x"));
-  m.def("type_info", [](uint32_t type) {
-    const TypeTraits& tt = traits_or_throw(type);
-    return py::dict(py::arg("name") = tt.name, py::arg("block_size") = tt.block_size,
-                    py::arg("type_size") = tt.type_size);
-  });
-}
-
-// ---- sampler (unit-tested on synthetic logits) ----
+// ---- sampling parameters (bindings.h) ----
 
 void set_sampling(SamplingConfig& c, const std::string& k, py::handle v) {
   if (k == "temperature") c.temperature = v.cast<float>();
@@ -212,23 +62,9 @@ SamplingConfig config_from_kwargs(const py::dict& kw) {
   return c;
 }
 
-class PySampler {
- public:
-  PySampler(int n_vocab, const py::kwargs& kw) : s_(config_from_kwargs(kw), n_vocab), n_vocab_(n_vocab) {}
-  void set_prompt(const std::vector<int32_t>& p) { s_.set_prompt(p); }
-  void set_grammar(const std::shared_ptr<Matcher>& g) { s_.set_grammar(g ? g->clone() : nullptr); }
-  py::tuple sample(f32array logits) {
-    if (logits.size() != n_vocab_) throw std::invalid_argument("logits must have n_vocab elements");
-    SampleResult r = s_.sample(logits.data());
-    grammar_end_ = r.grammar_end;
-    return py::make_tuple(r.token, r.logprob, r.top);
-  }
-  const std::string& grammar_end() const { return grammar_end_; }
- private:
-  Sampler s_;
-  int n_vocab_;
-  std::string grammar_end_;  // of the last sample
-};
+}  // namespace pyserve
+
+namespace {
 
 void bind_sampler(py::module_& m) {
   m.def("check_sampling", [](const py::dict& sampling) { check_sampling(config_from_kwargs(sampling)); },
@@ -236,13 +72,6 @@ void bind_sampler(py::module_& m) {
         "Raises ValueError (the message starts with the parameter's name) unless the sampler accepts these "
         "parameters (the kwargs of Sampler / the `sampling` dict of Engine.add); the rules against a "
         "vocabulary (logit_bias ids, logprobs <= n_vocab) are Engine.check_request's.");
-  py::class_<PySampler>(m, "Sampler")
-      .def(py::init<int, const py::kwargs&>(), py::arg("n_vocab"))
-      .def("set_prompt", &PySampler::set_prompt)
-      .def("set_grammar", &PySampler::set_grammar, py::arg("grammar"), "draws under a clone of `grammar` (None: free)")
-      .def("sample", &PySampler::sample, "-> (token, logprob, [(id, logprob), ...])")
-      .def_property_readonly("grammar_end", &PySampler::grammar_end,
-                             "the last sample's: 'stop' when it completed the grammar, 'error: …', or ''");
 }
 
 // ---- constrained decoding (llguidance) ----
@@ -368,31 +197,67 @@ py::dict hparams_dict(const HParams& h) {
 }
 
 py::dict config_dict(const EngineConfig& c) {
-  return py::dict(py::arg("n_threads") = c.n_threads, py::arg("n_ctx") = c.n_ctx,
-                  py::arg("num_kv_blocks") = c.num_kv_blocks, py::arg("block_size") = c.block_size,
-                  py::arg("max_num_seqs") = c.max_num_seqs, py::arg("max_batched_tokens") = c.max_batched_tokens,
-                  py::arg("enable_prefix_caching") = c.enable_prefix_caching, py::arg("step_target") = c.step_target,
-                  py::arg("speculative_ngram") = c.speculative_ngram);
+  py::dict d;
+#define PYSERVE_CONFIG_ITEM(f) d[#f] = c.f;
+  PYSERVE_ENGINE_CONFIG_FIELDS(PYSERVE_CONFIG_ITEM)
+#undef PYSERVE_CONFIG_ITEM
+  return d;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& path, int n_threads, int n_ctx, int num_kv_blocks,
-                                    size_t kv_cache_memory, int block_size, int max_num_seqs, int max_batched_tokens,
-                                    bool enable_prefix_caching, double step_target, int speculative_ngram) {
-  EngineConfig c;
-  c.n_threads = n_threads;
-  c.n_ctx = n_ctx;
-  c.num_kv_blocks = num_kv_blocks;
-  c.kv_cache_memory = kv_cache_memory;
-  c.block_size = block_size;
-  c.max_num_seqs = max_num_seqs;
-  c.max_batched_tokens = max_batched_tokens;
-  c.enable_prefix_caching = enable_prefix_caching;
-  c.step_target = step_target;
-  if (speculative_ngram < 0)
-    throw std::invalid_argument("speculative_ngram must be >= 0 (0: off), got " + std::to_string(speculative_ngram));
-  c.speculative_ngram = speculative_ngram;
+// An EngineConfig from keyword arguments named as its fields (unset ones keep their defaults). An unknown
+// name is a TypeError; a value that does not convert a ValueError naming the field.
+EngineConfig config_from_py(const py::kwargs& kw) {
+  py::object cfg = py::cast(EngineConfig());
+  for (auto item : kw) {
+    const std::string k = py::str(item.first);
+    if (!py::hasattr(cfg, k.c_str()) || k.rfind("_", 0) == 0) throw py::type_error("unknown engine option '" + k + "'");
+    try {
+      cfg.attr(k.c_str()) = item.second;
+    } catch (const py::error_already_set& e) {
+      if (!e.matches(PyExc_TypeError)) throw;
+      throw std::invalid_argument(k + " has the wrong type: " + py::repr(item.second).cast<std::string>());
+    }
+  }
+  return cfg.cast<EngineConfig>();
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& path, const py::kwargs& kw) {
+  const EngineConfig c = config_from_py(kw);
   py::gil_scoped_release nogil;
   return std::make_unique<Engine>(path, c);
+}
+
+// The model file's hyper-parameters and the KV geometry an engine with these options would give it, from
+// the header alone (no weights read).
+py::dict py_kv_geometry(const std::string& path, const py::kwargs& kw) {
+  const EngineConfig c = config_from_py(kw);
+  KVGeometry g;
+  HParams hp;
+  {
+    py::gil_scoped_release nogil;
+    GGUFFile f(path);
+    hp = read_hparams(f);
+    g = kv_geometry(hp, c);
+  }
+  return py::dict(py::arg("n_ctx") = g.n_ctx, py::arg("num_kv_blocks") = g.num_kv_blocks,
+                  py::arg("block_size") = g.block_size, py::arg("bytes_per_block") = g.bytes_per_block,
+                  py::arg("max_model_len") = g.max_model_len(), py::arg("hparams") = hparams_dict(hp));
+}
+
+void bind_engine_config(py::module_& m) {
+  py::class_<EngineConfig> cls(m, "EngineConfig", "The engine's options (csrc/engine.h); pyserve.engine.options."
+                                                  "EngineOptions is their Python definition");
+  cls.def(py::init<>());
+#define PYSERVE_CONFIG_FIELD(f) cls.def_readwrite(#f, &EngineConfig::f);
+  PYSERVE_ENGINE_CONFIG_FIELDS(PYSERVE_CONFIG_FIELD)
+#undef PYSERVE_CONFIG_FIELD
+  cls.def("as_dict", &config_dict);
+  m.def("check_engine_config", [](const py::kwargs& kw) { check_config(config_from_py(kw)); },
+        "Raises the ValueError an Engine with these options (EngineConfig's fields) would raise for them");
+  m.def("kv_geometry", &py_kv_geometry, py::arg("path"),
+        "-> {n_ctx, num_kv_blocks, block_size, bytes_per_block, max_model_len, hparams} for these engine options "
+        "(EngineConfig's fields as keywords), from the file's header alone; GGUFError / ModelError / ValueError "
+        "as loading would raise them");
 }
 
 Request make_request(const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling, int max_tokens,
@@ -478,15 +343,33 @@ py::object embedding_to_py(const std::vector<float>& e) {
   return a;
 }
 
-// (id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached, embedding,
-// prompt_logprobs) per output
 py::list outputs_to_py(std::vector<StepOutput>& outs) {
-  py::list l;
-  for (StepOutput& o : outs)
-    l.append(py::make_tuple(o.id, o.token, o.logprob, o.top, o.finish_reason, o.n_prompt, o.index, o.scheduled_ts,
-                            o.step_ts, o.n_cached, embedding_to_py(o.embedding),
-                            prompt_logprobs_to_py(o.prompt_logprobs)));
+  py::list l(outs.size());
+  for (size_t i = 0; i < outs.size(); i++) l[i] = py::cast(std::move(outs[i]));
   return l;
+}
+
+void bind_step_output(py::module_& m) {
+  py::class_<StepOutput>(m, "StepOutput", "one sample's output of one engine step (csrc/engine.h)")
+      .def_readonly("request_id", &StepOutput::id)
+      .def_readonly("token", &StepOutput::token, "the token drawn (-1: none, e.g. an abort or an embedding)")
+      .def_readonly("logprob", &StepOutput::logprob)
+      .def_readonly("top", &StepOutput::top, "[(token, logprob)] of the top alternatives, best first")
+      .def_readonly("finish_reason", &StepOutput::finish_reason, "'' while the sample goes on")
+      .def_readonly("n_prompt", &StepOutput::n_prompt)
+      .def_readonly("index", &StepOutput::index, "the sample, 0 … n-1")
+      .def_readonly("scheduled_ts", &StepOutput::scheduled_ts, "time.monotonic() of its first scheduled step")
+      .def_readonly("step_ts", &StepOutput::step_ts, "time.monotonic() at the end of this step's forward")
+      .def_readonly("n_cached", &StepOutput::n_cached, "prompt tokens the prefix cache served")
+      .def_property_readonly("embedding", [](const StepOutput& o) { return embedding_to_py(o.embedding); },
+                             "float32 [n_embd] on an embedding's output, else None")
+      .def_property_readonly("prompt_logprobs", [](const StepOutput& o) { return prompt_logprobs_to_py(o.prompt_logprobs); },
+                             "[None, {token: logprob, …} per position 1 …] on the first output of a request "
+                             "that asked for them, else None")
+      .def("__repr__", [](const StepOutput& o) {
+        return "StepOutput(" + printable(o.id) + "#" + std::to_string(o.index) + ", token=" + std::to_string(o.token) +
+               ", finish_reason='" + o.finish_reason + "')";
+      });
 }
 
 py::list engine_step(Engine& e) {
@@ -533,23 +416,19 @@ py::dict engine_stats(Engine& e) {
 }
 
 void bind_engine(py::module_& m) {
+  bind_engine_config(m);
+  bind_step_output(m);
   py::class_<Engine> engine(m, "Engine");
   engine
-      .def(py::init(&make_engine), py::arg("path"), py::arg("n_threads") = 0, py::arg("n_ctx") = 0,
-           py::arg("num_kv_blocks") = 0, py::arg("kv_cache_memory") = 0, py::arg("block_size") = 16,
-           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512,
-           py::arg("enable_prefix_caching") = true, py::arg("step_target") = 0.0, py::arg("speculative_ngram") = 0)
+      .def(py::init(&make_engine), py::arg("path"),
+           "Engine(path, **options): options named as EngineConfig's fields (unknown: TypeError)")
       .def_property_readonly("hparams", [](const Engine& e) { return hparams_dict(e.hparams()); })
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
       .def_property("eos_ids", &Engine::eos_ids, &Engine::set_eos_ids)
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,
            "index < 0: every sample of the request; else that sample only")
-      .def("step", &engine_step,
-           "-> [(id, token, logprob, top, finish_reason, n_prompt, index, scheduled_ts, step_ts, n_cached, "
-           "embedding, prompt_logprobs)]: embedding a float32 array [n_embd] on an embedding's output, else None; "
-           "prompt_logprobs [None, {token: logprob, ...} per position 1 …] on the first output of a request that "
-           "asked for them, else None; releases the GIL")
+      .def("step", &engine_step, "-> [StepOutput] of one step; releases the GIL")
       .def("has_work", &Engine::has_work)
       .def("stats", &engine_stats)
       .def("set_price_drafts", &Engine::set_price_drafts, py::arg("on"),
@@ -573,195 +452,11 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("fd", &EngineLoop::fd)
       .def("abort", &EngineLoop::abort, py::arg("request_id"), py::arg("index") = -1,
            "thread-safe, never blocks on a step; index < 0: every sample")
-      .def("drain", &loop_drain, "-> outputs since the last drain; resets the fd");
+      .def("drain", &loop_drain, "-> [StepOutput] since the last drain; resets the fd");
   def_request(loop, "add", &EngineLoop::add, "Engine.add, then wakes the loop; thread-safe");
   def_request(loop, "check_request", &EngineLoop::check, "Engine.check_request; thread-safe, queues nothing");
   def_embed(loop, &EngineLoop::add, &EngineLoop::check);
 }
-
-// ---- block manager and scheduler without a model (unit tests) ----
-
-class PyBlockManager {
- public:
-  PyBlockManager(int num_blocks, int block_size, bool prefix_caching) : bm_(num_blocks, block_size, prefix_caching) {}
-  BlockManager& bm() { return bm_; }
-  BlockTable& table(int id) { return tables_[id]; }
-  const BlockTable& table_or_throw(int id) const {
-    auto it = tables_.find(id);
-    if (it == tables_.end()) throw std::invalid_argument("no table " + std::to_string(id));
-    return it->second;
-  }
-  // Admission with the cached prefix: -> hit tokens, or -1 (nothing changed) when blocks are short.
-  int allocate(int id, const std::vector<int32_t>& tokens, int n_tokens) {
-    std::vector<int32_t> prefix = bm_.lookup(tokens);
-    if (!bm_.can_allocate(prefix, n_tokens)) return -1;
-    return bm_.allocate(tables_[id], tokens, prefix, n_tokens);
-  }
-  py::object append(int id, int n_computed, int n_tokens) {
-    std::vector<BlockCopy> copies;
-    if (!bm_.append(tables_[id], n_computed, n_tokens, &copies)) return py::none();
-    return py::cast(copies);
-  }
-  void fork(int src, int dst) { bm_.fork(table_or_throw(src), tables_[dst]); }
-  void free(int id) {
-    auto it = tables_.find(id);
-    if (it == tables_.end()) return;
-    bm_.free(it->second);
-    tables_.erase(it);
-  }
- private:
-  BlockManager bm_;
-  std::map<int, BlockTable> tables_;
-};
-
-// Drives the real Scheduler with fake sequences: a step marks the scheduled tokens computed and gives each
-// sampling sequence a made-up token (1000 × (index + 1) + its generated count), forking n > 1 requests as
-// the engine does. Everything the engine does but the forward and the sampler.
-class SchedulerSim {
- public:
-  SchedulerSim(int num_blocks, int block_size, int max_num_seqs, int max_batched_tokens, bool prefix_caching,
-               int spec_rows)
-      : bm_(num_blocks, block_size, prefix_caching),
-        sched_(SchedulerConfig{max_num_seqs, max_batched_tokens, block_size, 16, spec_rows}, bm_),
-        max_num_seqs_(max_num_seqs) {}
-
-  // Plans against a fixed step-cost model: MACs per row / sampled row / context position, a floor (s) and a
-  // rate (s per GMAC).
-  void set_step_target(double seconds, const std::array<double, 3>& macs, double floor_s, double s_per_gmac) {
-    cost_ = StepCostModel(StepMacs{macs[0], macs[1], macs[2]});
-    cost_.set_weights(floor_s, s_per_gmac);
-    sched_.set_step_target(seconds, &cost_);
-  }
-  // Prices drafted rows: seconds[r] is what a step of r rows takes (seconds[0] = 0).
-  void set_row_costs(std::vector<double> seconds) {
-    row_costs_.seconds = std::move(seconds);
-    sched_.set_row_costs(&row_costs_);
-  }
-
-  void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n) {
-    if (tokens.empty() || max_tokens < 1 || n < 1 || n > max_num_seqs_)
-      throw std::invalid_argument("empty prompt, max_tokens < 1, or n outside [1, max_num_seqs]");
-    if (groups_.count(id)) throw std::invalid_argument("duplicate request id '" + id + "'");
-    auto seq = std::make_unique<Sequence>();
-    seq->id = id;
-    seq->n_prompt = (int)tokens.size();
-    seq->tokens = std::move(tokens);
-    seq->stop.max_tokens = max_tokens;
-    if (n > 1)
-      for (int i = 0; i < n; i++) seq->pending_samples.push_back(i);
-    sched_.add(seq.get());
-    groups_[id].push_back(std::move(seq));
-  }
-
-  void abort(const std::string& id) {
-    auto it = groups_.find(id);
-    if (it == groups_.end()) return;
-    for (auto& s : it->second) sched_.remove(s.get());
-    groups_.erase(it);
-  }
-
-  // drafts: {(id, index): tokens} proposed for decoding sequences this step (the engine's n-gram drafts); a
-  // drafted token is accepted while it equals the made-up token the sim draws there.
-  using Drafts = std::map<std::pair<std::string, int>, std::vector<int32_t>>;
-  py::dict step(const Drafts& drafts) {
-    for (Sequence* s : sched_.running()) {
-      auto it = drafts.find({s->id, index_of(s)});
-      s->draft = it != drafts.end() && s->n_pending() == 1 ? it->second : std::vector<int32_t>{};
-      if (!s->draft.empty()) s->draft_policy.tick();
-    }
-    Schedule sc = sched_.schedule();
-    py::list scheduled, finished, tokens;
-    for (const ScheduledSeq& s : sc.seqs)
-      scheduled.append(py::make_tuple(s.seq->id, index_of(s.seq), s.seq->n_computed, s.n_tokens, s.sample));
-    for (const ScheduledSeq& s : sc.seqs) {
-      Sequence* seq = s.seq;
-      sched_.computed(seq, s.n_tokens - (int)seq->draft.size());
-      if (!s.sample) continue;
-      std::vector<Sequence*> drawers{seq};
-      if (!seq->pending_samples.empty()) drawers = fork(seq);
-      for (Sequence* d : drawers) draw(d, tokens, finished);
-    }
-    return py::dict(py::arg("scheduled") = scheduled, py::arg("copies") = sc.copies, py::arg("tokens") = tokens,
-                    py::arg("finished") = finished);
-  }
-
-  py::list running() const {
-    py::list l;
-    for (Sequence* s : sched_.running()) l.append(py::make_tuple(s->id, index_of(s)));
-    return l;
-  }
-  py::list waiting() const {
-    py::list l;
-    for (Sequence* s : sched_.waiting()) l.append(py::make_tuple(s->id, index_of(s)));
-    return l;
-  }
-  const Sequence& seq(const std::string& id, int index) const {
-    auto it = groups_.find(id);
-    if (it != groups_.end())
-      for (auto& s : it->second)
-        if (index_of(s.get()) == index) return *s;
-    throw std::invalid_argument("no live sequence '" + id + "' #" + std::to_string(index));
-  }
-  py::dict stats() const {
-    return py::dict(py::arg("running") = sched_.num_running(), py::arg("waiting") = sched_.num_waiting(),
-                    py::arg("preemptions") = sched_.num_preemptions(), py::arg("blocks_total") = bm_.num_blocks(),
-                    py::arg("blocks_used") = bm_.num_used(), py::arg("blocks_cached") = bm_.num_cached(),
-                    py::arg("blocks_free") = bm_.num_free(), py::arg("prefix_cache_queries") = bm_.queried_tokens(),
-                    py::arg("prefix_cache_hits") = bm_.hit_tokens());
-  }
-  const BlockManager& bm() const { return bm_; }
-  bool has_work() const { return !groups_.empty(); }
-
- private:
-  static int index_of(const Sequence* s) { return s->pending_samples.empty() ? s->index : s->pending_samples[0]; }
-
-  std::vector<Sequence*> fork(Sequence* parent) {
-    std::vector<int> idx;
-    idx.swap(parent->pending_samples);
-    parent->index = idx[0];
-    std::vector<Sequence*> out{parent};
-    auto& group = groups_[parent->id];
-    for (size_t k = 1; k < idx.size(); k++) {
-      auto child = parent->sibling(idx[k]);
-      sched_.fork(parent, child.get());
-      out.push_back(child.get());
-      group.push_back(std::move(child));
-    }
-    return out;
-  }
-
-  // d's made-up tokens: one, then one more per drafted token that matched, as the engine's verification.
-  void draw(Sequence* d, py::list& tokens, py::list& finished) {
-    bool done = false;
-    for (size_t j = 0;; j++) {
-      const int32_t tok = 1000 * (d->index + 1) + d->n_generated();
-      d->tokens.push_back(tok);
-      tokens.append(py::make_tuple(d->id, d->index, tok));
-      done = d->n_generated() >= d->stop.max_tokens;
-      if (done || j == d->draft.size() || tok != d->draft[j]) break;
-    }
-    if (!d->draft.empty()) sched_.verified(d);
-    if (done) {
-      finished.append(py::make_tuple(d->id, d->index));
-      finish(d);
-    }
-  }
-
-  void finish(Sequence* seq) {
-    sched_.remove(seq);
-    auto it = groups_.find(seq->id);
-    auto& g = it->second;
-    g.erase(std::find_if(g.begin(), g.end(), [&](const auto& p) { return p.get() == seq; }));
-    if (g.empty()) groups_.erase(it);
-  }
-
-  BlockManager bm_;  // before sched_, which holds a reference to it
-  Scheduler sched_;
-  StepCostModel cost_;
-  RowCosts row_costs_;
-  std::map<std::string, std::vector<std::unique_ptr<Sequence>>> groups_;
-  int max_num_seqs_;
-};
 
 void bind_runtime(py::module_& m) {
   py::class_<NgramIndex>(m, "NgramIndex", "A sequence's prompt-lookup index (ngram_draft.h), for tests")
@@ -770,67 +465,6 @@ void bind_runtime(py::module_& m) {
       .def("propose", &NgramIndex::propose, py::arg("tokens"), py::arg("k"),
            "-> up to k tokens that followed the latest earlier occurrence of the longest suffix (<= 4 tokens)")
       .def_readonly_static("max_ngram", &NgramIndex::kMaxNgram);
-  py::class_<PyBlockManager>(m, "BlockManager", "The engine's KV block manager over numbered tables, no model.")
-      .def(py::init<int, int, bool>(), py::arg("num_blocks"), py::arg("block_size"), py::arg("prefix_caching") = true)
-      .def_property_readonly("num_blocks", [](PyBlockManager& b) { return b.bm().num_blocks(); })
-      .def_property_readonly("block_size", [](PyBlockManager& b) { return b.bm().block_size(); })
-      .def_property_readonly("num_free", [](PyBlockManager& b) { return b.bm().num_free(); })
-      .def_property_readonly("num_used", [](PyBlockManager& b) { return b.bm().num_used(); })
-      .def_property_readonly("num_cached", [](PyBlockManager& b) { return b.bm().num_cached(); })
-      .def_property_readonly("queried_tokens", [](PyBlockManager& b) { return b.bm().queried_tokens(); })
-      .def_property_readonly("hit_tokens", [](PyBlockManager& b) { return b.bm().hit_tokens(); })
-      .def("ref_count", [](PyBlockManager& b, int blk) { return b.bm().ref_count(blk); })
-      .def("is_cached", [](PyBlockManager& b, int blk) { return b.bm().is_cached(blk); })
-      .def("allocate_block", [](PyBlockManager& b) { return b.bm().allocate_block(); })
-      .def("retain", [](PyBlockManager& b, int blk) { b.bm().retain(blk); })
-      .def("release", [](PyBlockManager& b, int blk) { return b.bm().release(blk); })
-      .def("lookup", [](PyBlockManager& b, const std::vector<int32_t>& t) { return b.bm().lookup(t); },
-           py::arg("tokens"), "-> the cached prefix's block ids (never the last token's block)")
-      .def("can_allocate", [](PyBlockManager& b, const std::vector<int32_t>& tokens, int n_tokens) {
-             return b.bm().can_allocate(b.bm().lookup(tokens), n_tokens);
-           }, py::arg("tokens"), py::arg("n_tokens"))
-      .def("allocate", &PyBlockManager::allocate, py::arg("table"), py::arg("tokens"), py::arg("n_tokens"),
-           "-> hit tokens, or -1 when blocks are short")
-      .def("append", &PyBlockManager::append, py::arg("table"), py::arg("n_computed"), py::arg("n_tokens"),
-           "-> [(src, dst)] copies, or None when blocks are short")
-      .def("commit", [](PyBlockManager& b, int id, const std::vector<int32_t>& tokens, int n_computed) {
-             b.bm().commit(b.table(id), tokens, n_computed);
-           }, py::arg("table"), py::arg("tokens"), py::arg("n_computed"))
-      .def("fork", &PyBlockManager::fork, py::arg("src"), py::arg("dst"))
-      .def("free", &PyBlockManager::free, py::arg("table"))
-      .def("table", [](PyBlockManager& b, int id) { return b.table_or_throw(id).blocks; }, py::arg("table"))
-      .def_static("hash_block", [](uint64_t parent, const std::vector<int32_t>& t) {
-        return BlockManager::hash_block(parent, t.data(), (int)t.size());
-      });
-
-  py::class_<SchedulerSim>(m, "SchedulerSim", "The engine's scheduler over fake sequences, no model.")
-      .def(py::init<int, int, int, int, bool, int>(), py::arg("num_blocks"), py::arg("block_size") = 16,
-           py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512, py::arg("prefix_caching") = true,
-           py::arg("spec_rows") = 8)
-      .def("add", &SchedulerSim::add, py::arg("request_id"), py::arg("tokens"), py::arg("max_tokens"),
-           py::arg("n") = 1)
-      .def("abort", &SchedulerSim::abort, py::arg("request_id"))
-      .def("step", &SchedulerSim::step, py::arg("drafts") = SchedulerSim::Drafts{},
-           "drafts {(id, index): tokens} for decoding sequences -> {scheduled: [(id, index, n_computed, "
-           "n_tokens, sample)], copies: [(src, dst)], "
-           "tokens: [(id, index, token)], finished: [(id, index)]}")
-      .def("has_work", &SchedulerSim::has_work)
-      .def("set_step_target", &SchedulerSim::set_step_target, py::arg("seconds"), py::arg("macs"),
-           py::arg("floor_s"), py::arg("s_per_gmac"),
-           "plan each step under `seconds` with a fixed cost model: macs = (per row, per sampled row, per "
-           "context position), step time = floor_s + s_per_gmac × GMACs")
-      .def("set_row_costs", &SchedulerSim::set_row_costs, py::arg("seconds"),
-           "price drafted rows: seconds[r] a step of r rows takes (seconds[0] = 0)")
-      .def("running", &SchedulerSim::running, "[(id, index)] in admission order")
-      .def("waiting", &SchedulerSim::waiting, "[(id, index)], next first")
-      .def("table", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).blocks.blocks; },
-           py::arg("request_id"), py::arg("index") = 0)
-      .def("n_computed", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).n_computed; },
-           py::arg("request_id"), py::arg("index") = 0)
-      .def("tokens", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).tokens; },
-           py::arg("request_id"), py::arg("index") = 0)
-      .def("ref_count", [](const SchedulerSim& s, int blk) { return s.bm().ref_count(blk); })
-      .def("stats", &SchedulerSim::stats);
 }
 
 }  // namespace
@@ -841,10 +475,12 @@ PYBIND11_MODULE(_engine, m) {
   py::register_exception<GGUFError>(m, "GGUFError", PyExc_ValueError);
   py::register_exception<ModelError>(m, "ModelError", PyExc_ValueError);
   m.attr("supported_architectures") = supported_architectures();
-  bind_quant(m);
   bind_sampler(m);
   bind_gguf(m);
   bind_grammar(m);
   bind_engine(m);
   bind_runtime(m);
+  py::module_ testing = m.def_submodule("testing", "the engine's parts alone, for tests and benchmarks: kernels, "
+                                                  "the sampler, the block manager, the scheduler over a simulated model");
+  bind_testing(testing);
 }

@@ -16,14 +16,6 @@ double monotonic_now() {
 
 constexpr int kScoreRows = 32;  // prompt rows projected at a time: bounds score_logits_ to 32 × n_vocab floats
 
-int default_blocks(const HParams& hp, const EngineConfig& c) {
-  size_t per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
-  if (c.num_kv_blocks > 0) return c.num_kv_blocks;
-  if (c.kv_cache_memory > 0) return (int)std::max<size_t>(1, c.kv_cache_memory / per_block);
-  size_t by_memory = (512ull << 20) / per_block;
-  size_t for_ctx = ((size_t)c.n_ctx + c.block_size - 1) / c.block_size;
-  return (int)std::max(by_memory, for_ctx);
-}
 
 // An embedding's vector: the last row, or the mean of the rows; L2-normalised when asked (in double).
 std::vector<float> pooled_vector(const Sequence& s) {
@@ -64,25 +56,61 @@ StepMacs step_macs(const HParams& hp) {
 
 }  // namespace
 
+void check_config(const EngineConfig& c) {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument(what);
+  };
+  need(c.n_threads >= 0, "n_threads must be an integer >= 0 (0: one per core), got " + std::to_string(c.n_threads));
+  need(c.n_ctx >= 0, "n_ctx must be an integer >= 0 (0: the model's, at most 8192), got " + std::to_string(c.n_ctx));
+  need(c.num_kv_blocks >= 0, "num_kv_blocks must be an integer >= 0 (0: from kv_cache_memory), got " +
+                                 std::to_string(c.num_kv_blocks));
+  need(c.block_size > 0, "block_size must be positive, got " + std::to_string(c.block_size));
+  need(c.max_num_seqs > 0, "max_num_seqs must be positive, got " + std::to_string(c.max_num_seqs));
+  need(c.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive, got " + std::to_string(c.max_num_batched_tokens));
+  need(c.target_itl >= 0 && std::isfinite(c.target_itl), "target_itl must be >= 0 seconds (0: off)");
+  need(c.speculative_ngram >= 0, "speculative_ngram must be an integer >= 0 (0: off), got " + std::to_string(c.speculative_ngram));
+}
+
+int KVGeometry::max_model_len() const {
+  return (int)std::min<int64_t>(n_ctx, (int64_t)num_kv_blocks * block_size);
+}
+
+KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
+  check_config(c);
+  KVGeometry g;
+  g.n_ctx = c.n_ctx > 0 ? c.n_ctx : std::min(hp.n_ctx_train, 8192);
+  g.block_size = c.block_size;
+  g.bytes_per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
+  if (c.num_kv_blocks > 0) {
+    g.num_kv_blocks = c.num_kv_blocks;
+  } else if (c.kv_cache_memory > 0) {
+    g.num_kv_blocks = (int)std::min<size_t>(std::max<size_t>(1, c.kv_cache_memory / g.bytes_per_block), INT32_MAX);
+  } else {  // 512 MiB, and at least one full context
+    const size_t by_memory = (512ull << 20) / g.bytes_per_block;
+    const size_t for_ctx = ((size_t)g.n_ctx + c.block_size - 1) / c.block_size;
+    g.num_kv_blocks = (int)std::min<size_t>(std::max(by_memory, for_ctx), INT32_MAX);
+  }
+  return g;
+}
+
 Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   file_ = std::make_shared<GGUFFile>(path);
   model_ = std::make_unique<Model>(file_);
   const HParams& hp = model_->hparams();
-  if (cfg_.n_ctx <= 0) cfg_.n_ctx = std::min(hp.n_ctx_train, 8192);
-  if (cfg_.block_size <= 0 || cfg_.max_num_seqs <= 0 || cfg_.max_batched_tokens <= 0)
-    throw std::invalid_argument("block_size, max_num_seqs and max_batched_tokens must be positive");
-  int nb = default_blocks(hp, cfg_);
+  const KVGeometry geo = kv_geometry(hp, cfg_);
+  cfg_.n_ctx = geo.n_ctx;
+  const int nb = geo.num_kv_blocks;
   pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
-  SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size};
+  SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
   cost_ = StepCostModel(step_macs(hp));
-  if (cfg_.step_target > 0) {
+  if (cfg_.target_itl > 0) {
     calibrate();
-    scheduler_->set_step_target(cfg_.step_target, &cost_);
+    scheduler_->set_step_target(cfg_.target_itl, &cost_);
   }
   if (cfg_.speculative_ngram > 0) {
     calibrate_rows();

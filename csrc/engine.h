@@ -21,6 +21,9 @@
 
 namespace pyserve {
 
+// The engine's options: pyserve/engine/options.py (EngineOptions) is their one definition for Python — the
+// same names and defaults, held to these by tests/test_engine_options.py; bindings.cpp binds every field
+// through PYSERVE_ENGINE_CONFIG_FIELDS.
 struct EngineConfig {
   int n_threads = 0;              // <= 0: one per core
   int n_ctx = 0;                  // max tokens per sequence; <= 0: min(model's, 8192)
@@ -28,15 +31,33 @@ struct EngineConfig {
   size_t kv_cache_memory = 0;     // bytes; 0 with num_kv_blocks 0: 512 MiB, and at least n_ctx tokens
   int block_size = 16;
   int max_num_seqs = 64;
-  int max_batched_tokens = 512;
+  int max_num_batched_tokens = 512;  // tokens per step at most
   bool enable_prefix_caching = true;
   // > 0 (seconds): each step beside decodes takes only the prompt tokens that keep its predicted time under
   // this (scheduler.h); the predictor is calibrated at load and refitted on every step. 0: the token budget.
-  double step_target = 0.0;
+  double target_itl = 0.0;
   // > 0: speculative decoding by prompt lookup (ngram_draft.h), up to this many drafted tokens per sequence
   // and step, verified in the step's own forward; 0: off. Outputs are the same either way, bit for bit.
   int speculative_ngram = 0;
 };
+
+// What the engine makes of a model and a config before it allocates anything: the context and the KV pool.
+struct KVGeometry {
+  int n_ctx = 0;               // tokens a sequence may hold at most (the config's, or min(model's, 8192))
+  int num_kv_blocks = 0;       // blocks in the pool
+  int block_size = 0;          // token slots per block
+  size_t bytes_per_block = 0;  // K and V of every layer, fp16
+  int max_model_len() const;   // min(n_ctx, the pool's tokens): what one sequence can really reach
+};
+// Throws std::invalid_argument naming the first field no engine accepts (negative sizes; block_size,
+// max_num_seqs or max_num_batched_tokens not positive; target_itl negative or not finite; speculative_ngram < 0).
+void check_config(const EngineConfig& c);
+// The one rule for it (Engine uses it; Python lists a model with it before loading). Throws as check_config.
+KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c);
+
+#define PYSERVE_ENGINE_CONFIG_FIELDS(X)                                                                      \
+  X(n_threads) X(n_ctx) X(num_kv_blocks) X(kv_cache_memory) X(block_size) X(max_num_seqs)                  \
+  X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram)
 
 struct Request {
   std::string id;

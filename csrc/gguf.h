@@ -68,7 +68,6 @@ class GGUFFile {
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
-  size_t file_size() const { return size_; }
   const std::map<std::string, GGUFValue>& metadata() const { return kv_; }
   const std::vector<GGUFTensor>& tensors() const { return tensors_; }
 

@@ -32,15 +32,16 @@ const ArchSpec& arch_spec(const std::string& arch) {
 }
 
 Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
-  load_hparams();
+  hp_ = read_hparams(*file_);
+  spec_ = &arch_spec(hp_.arch);
   load_weights();
   pack_weights();
 }
 
-void Model::load_hparams() {
-  const GGUFFile& f = *file_;
+HParams read_hparams(const GGUFFile& f) {
+  HParams hp_;
   hp_.arch = f.get_str("general.architecture");
-  spec_ = &arch_spec(hp_.arch);
+  const ArchSpec* spec_ = &arch_spec(hp_.arch);
   const std::string a = hp_.arch + ".";
   // Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
   // around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
@@ -85,6 +86,10 @@ void Model::load_hparams() {
     hp_.swa_pattern = ranged(a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
     hp_.rope_base_local = 10000.f;  // gemma3's local layers use their own base (llama.cpp: rope_freq_base_train_swa)
   }
+  const GGUFTensor* emb = f.find("token_embd.weight");
+  if (!emb) f.fail("missing tensor 'token_embd.weight'");
+  hp_.n_vocab = (int)emb->ne[1];
+  return hp_;
 }
 
 Weight Model::weight(const std::string& name, int64_t n_in, int64_t n_out) const {
@@ -132,9 +137,6 @@ std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional)
 }
 
 void Model::load_weights() {
-  const GGUFTensor* emb = file_->find("token_embd.weight");
-  if (!emb) file_->fail("missing tensor 'token_embd.weight'");
-  hp_.n_vocab = (int)emb->ne[1];
   const int E = hp_.n_embd, hd = hp_.head_dim, qd = hp_.n_head * hd, kvd = hp_.kv_dim();
   tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
   output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;

@@ -56,6 +56,11 @@ struct HParams {
   bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
 };
 
+// The hyper-parameters of an open file's model, from its metadata and tensor table alone (no weights read:
+// cheap enough for listing a model before it loads). Throws ModelError for an unsupported architecture,
+// GGUFError (file, key) for a missing or out-of-range value.
+HParams read_hparams(const GGUFFile& f);
+
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;                 // [n_embd]
   std::vector<float> q_norm, k_norm;                      // [head_dim] (qk_norm)
@@ -96,7 +101,6 @@ class Model {
   void project(ThreadPool& pool, const float* hidden, int R, std::vector<float>& logits);
 
  private:
-  void load_hparams();
   void load_weights();
   // Re-lays every packable matrix for the matmul kernels (packed.h) and hands back its mapped pages, so
   // one copy of each weight stays resident. Throws ModelError when the copy does not fit in memory.

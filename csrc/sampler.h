@@ -57,7 +57,6 @@ class Sampler {
   SampleResult sample(const float* logits);
   // Constrains every later draw to `m`'s grammar (null: none).
   void set_grammar(std::unique_ptr<Matcher> m);
-  bool has_grammar() const { return grammar_ != nullptr; }
   // How many of `tokens` in a row the grammar would let this sampler draw next (all without a grammar).
   int grammar_accepts(const std::vector<int32_t>& tokens) const {
     return grammar_ ? grammar_->validate(tokens.data(), (int)tokens.size()) : (int)tokens.size();

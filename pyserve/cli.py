@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -12,39 +13,72 @@ from .server.replicas import add_replica_args
 from .server.router_launch import add_router_parser
 
 
-def _engine_args(p: argparse.ArgumentParser, models: bool = False) -> None:
+def _engine_args(p: argparse.ArgumentParser, defaults, models: bool = False) -> None:
+    """--model, then a flag for every EngineOptions field (its help and default from the field), and vLLM's
+    --speculative-config."""
+    from .engine.options import EngineOptions
+
     if models:
         p.add_argument("--model", action="append", default=None, metavar="PATH|NAME=PATH",
                        help="a GGUF file, served under its file name or NAME (repeatable; default: Gemma 3 270M "
                             "Q4_K_M from its PyPI package, unless --models-dir or --models-config is given)")
     else:
         p.add_argument("--model", default=None, help="GGUF file (default: Gemma 3 270M Q4_K_M from its PyPI package)")
-    p.add_argument("--threads", type=int, default=0, help="engine threads (default: one per core)")
-    p.add_argument("--ctx-size", type=int, default=0, help="max tokens per sequence (default: the model's, at most 8192)")
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--num-kv-blocks", type=int, default=0, help="KV cache blocks of 16 tokens")
-    kv.add_argument("--kv-cache-memory", type=_bytes, default=0, help="KV cache size in bytes (K/M/G suffixes allowed)")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per engine step at most (default 512); with --target-itl a hard cap, without it "
-                        "the budget (a smaller one cuts prompts into more chunks, so streams wait less)")
-    p.add_argument("--speculative-ngram", type=_speculative_ngram, default=None, metavar="K",
-                   help="speculative decoding by prompt lookup: each step drafts up to K tokens per stream from "
-                        "earlier text that its last tokens match, verified in the same forward pass; outputs are "
-                        "unchanged, bit for bit (default 7 for serve, 0 for generate; 0: off)")
+    groups: dict = {}
+    for f in dataclasses.fields(EngineOptions):
+        _engine_flag(p, groups, f, getattr(defaults, f.name))
     p.add_argument("--speculative-config", type=_speculative_config, default=None, metavar="JSON",
                    help='vLLM\'s spelling, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\' (wins over '
                         "--speculative-ngram)")
 
 
+def _engine_flag(p: argparse.ArgumentParser, groups: dict, f, default) -> None:
+    from .engine.options import option
+
+    opt = option(f)
+    if opt.exclusive and opt.exclusive not in groups:
+        groups[opt.exclusive] = p.add_mutually_exclusive_group()
+    target = groups[opt.exclusive] if opt.exclusive else p
+    shown = opt.zero_means if opt.zero_means and not default else default
+    kw = dict(dest=f.name, default=None, help=f"{opt.help} (default: {shown})")
+    if str(f.type) == "bool":
+        target.add_argument(opt.flag, action=argparse.BooleanOptionalAction, **kw)
+    else:
+        target.add_argument(opt.flag, type=_option_type(f), metavar=opt.metavar or "N", **kw)
+
+
+def _option_type(f):
+    """argparse's type for one EngineOptions field: its parser, then EngineOptions' own check of the value."""
+    from .engine.options import EngineOptions, parse_value
+
+    def parse(text: str):
+        try:
+            value = parse_value(f, text)
+            EngineOptions().replace(**{f.name: value})
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    parse.__name__ = f.name
+    return parse
+
+
+def _engine_options(args: argparse.Namespace, defaults):
+    """The engine options the flags give, over `defaults`."""
+    from .engine.options import FIELDS
+    from .engine.speculative import draft_tokens
+
+    given = {name: getattr(args, name) for name in FIELDS if getattr(args, name) is not None}
+    if args.speculative_config is not None:
+        given["speculative_ngram"] = draft_tokens(None, args.speculative_config)
+    return defaults.replace(**given)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .engine.llm import LLM
+    from .engine.options import EngineOptions
     from .engine.sampling_params import SamplingParams
 
-    llm = LLM(args.model, n_threads=args.threads, n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
-              kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens or 512,
-              speculative_ngram=_draft_tokens(args, 0))
+    llm = LLM(args.model, options=_engine_options(args, EngineOptions()))
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     t0 = time.perf_counter()
     out = llm.generate([args.prompt], params)[0].outputs[0]
@@ -52,15 +86,6 @@ def _generate(args: argparse.Namespace) -> int:
     print(args.prompt + out.text)
     print(f"[{len(out.token_ids)} tokens in {dt:.2f} s, finish_reason={out.finish_reason}]", file=sys.stderr)
     return 0
-
-
-def _speculative_ngram(text: str) -> int:
-    from .engine.speculative import draft_tokens
-
-    try:
-        return draft_tokens(int(text))
-    except ValueError:  # not an integer, or one draft_tokens refuses
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
 
 
 def _speculative_config(text: str) -> dict:
@@ -75,16 +100,9 @@ def _speculative_config(text: str) -> dict:
     return cfg
 
 
-def _draft_tokens(args: argparse.Namespace, default: int) -> int:
-    from .engine.speculative import draft_tokens
-
-    return draft_tokens(default if args.speculative_ngram is None else args.speculative_ngram,
-                        args.speculative_config)
-
-
 def _bytes(text: str) -> int:
     """A byte count, with an optional K/M/G/T suffix (powers of 1024)."""
-    from .server.model_options import byte_size
+    from .engine.options import byte_size
 
     try:
         return byte_size(text)
@@ -97,7 +115,8 @@ def _serve(args: argparse.Namespace) -> int:
         from .server.replicas import run_replicas
 
         return run_replicas(args)
-    from .server.runner import DEFAULT_SPECULATIVE_NGRAM, DEFAULT_TARGET_ITL, ServeOptions, run
+    from .engine.options import EngineOptions
+    from .server.runner import ServeOptions, run
 
     max_loaded = args.max_loaded_models if args.max_loaded_models is not None else 0 if args.models_memory else 1
     return run(ServeOptions(models=args.model or [], host=args.host, port=args.port,
@@ -112,12 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
                             max_waiting=args.max_waiting, max_queue_wait=args.max_queue_wait,
                             max_body_size=args.max_body_size, body_timeout=args.body_timeout,
                             keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout,
-                            stalled_client_timeout=args.stalled_client_timeout, n_threads=args.threads,
-                            n_ctx=args.ctx_size, num_kv_blocks=args.num_kv_blocks,
-                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-                            max_num_batched_tokens=args.max_num_batched_tokens or 512,
-                            target_itl=DEFAULT_TARGET_ITL if args.target_itl is None else args.target_itl,
-                            speculative_ngram=_draft_tokens(args, DEFAULT_SPECULATIVE_NGRAM),
+                            stalled_client_timeout=args.stalled_client_timeout,
+                            engine=_engine_options(args, EngineOptions.serving()),
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
                             tool_call_parser=args.tool_call_parser))
@@ -125,7 +140,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _generate_parser(sub) -> None:
     gen = sub.add_parser("generate", help="one-shot generation from a prompt")
-    _engine_args(gen)
+    from .engine.options import EngineOptions
+
+    _engine_args(gen, EngineOptions())
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
@@ -136,8 +153,10 @@ def _generate_parser(sub) -> None:
 def _serve_parser(sub) -> None:
     from .openai.tool_parsers import TOOL_PARSERS  # pure Python: cheap to import for --help
 
+    from .engine.options import EngineOptions
+
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
-    _engine_args(srv, models=True)
+    _engine_args(srv, EngineOptions.serving(), models=True)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="0: any free port (the ready line names it)")
     srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -152,10 +171,6 @@ def _serve_parser(sub) -> None:
                      help="/v1/embeddings: the last token's final-norm hidden state (vLLM's default for decoder "
                           "models) or the mean over the prompt")
     srv.add_argument("--no-normalize-embeddings", action="store_true", help="embeddings without L2 normalisation")
-    srv.add_argument("--target-itl", type=float, default=None, metavar="SECONDS",
-                     help="step-time target while streams run: each step takes only the prompt tokens that keep "
-                          "its predicted time under this, so inter-token latency holds under load (default 0.020; "
-                          "0: the fixed --max-num-batched-tokens budget)")
     srv.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS), metavar="NAME",
                      help="how the model writes tool calls: " + ", ".join(sorted(TOOL_PARSERS)) +
                           " (default: detected from the chat template; a template that renders no tools gets "
@@ -166,12 +181,14 @@ def _serve_parser(sub) -> None:
 
 
 def _models_args(srv: argparse.ArgumentParser) -> None:
+    from .engine.options import BY_KEY
+
     srv.add_argument("--models-dir", default=None, metavar="DIR",
                      help="serve every *.gguf of DIR under its file name, loaded on its first request (files added "
                           "later are found)")
     srv.add_argument("--models-config", default=None, metavar="FILE",
-                     help="per-model settings, a TOML (or YAML) table per model: path, aliases, ctx_size, threads, "
-                          "kv_cache_memory, num_kv_blocks, max_num_seqs, max_num_batched_tokens, chat_template")
+                     help="per-model settings, a TOML (or YAML) table per model: path, aliases, chat_template, "
+                          "and any engine flag's name (" + ", ".join(BY_KEY) + ")")
     srv.add_argument("--max-loaded-models", type=int, default=None, metavar="N",
                      help="models loaded at once; the least recently used makes room, an idle one first, a busy "
                           "one once its requests end (default 1, no bound with --models-memory; 0: no bound)")
@@ -217,14 +234,26 @@ def _parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]):
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyserve", description="A local LLM server for GGUF models.")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)
     bench.add_parser(sub)
     add_router_parser(sub)
-    args = _parse(parser, argv)
+    return parser
+
+
+def engine_options(argv: Sequence[str]):
+    """The EngineOptions a `pyserve serve …` or `pyserve generate …` command line gives (for tests and tools)."""
+    from .engine.options import EngineOptions
+
+    args = _parse(build_parser(), argv)
+    return _engine_options(args, EngineOptions.serving() if args.command == "serve" else EngineOptions())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse(build_parser(), argv)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

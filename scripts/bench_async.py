@@ -8,8 +8,8 @@ real:      the real engine on its EngineLoop thread; N concurrent greedy streams
            threads are not counted. Use --threads 1 on a 2-core box so the trio thread has a core.
 synthetic: the EngineLoop replaced by a Python stand-in that "steps" instantly (one output per live
            request per eventfd wake-up, real tokens of the model replayed): the same trio-side path with no
-           engine at all, so many streams and tokens run in a second. Its drain() builds the output tuples
-           in Python, roughly what the binding does in C++.
+           engine at all, so many streams and tokens run in a second. Its drain() builds the outputs in
+           Python (objects with StepOutput's fields), roughly what the binding does in C++.
 
 Prints µs/token, with the share spent in RequestState.process (detokenizer + stop strings).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import dataclass
 
 import trio
 
@@ -27,6 +28,23 @@ from pyserve.engine.async_llm import AsyncLLM
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus",
            "Water boils at", "My favourite recipe for soup", "1, 2, 3, 4,", "The quick brown fox"]
+
+
+@dataclass(slots=True)
+class _Output:
+    """_engine.StepOutput's fields, for the stand-in's drain()."""
+    request_id: str
+    token: int
+    logprob: float
+    top: list
+    finish_reason: str
+    n_prompt: int
+    index: int
+    scheduled_ts: float
+    step_ts: float
+    n_cached: int
+    embedding: object
+    prompt_logprobs: object
 
 
 class ProcessTimer:
@@ -90,8 +108,8 @@ class FakeLoop:
             toks, pos, max_tokens, n_prompt = st
             st[1] = pos + 1
             done = pos + 1 >= max_tokens
-            out.append((eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now, 0,
-                        None, None))
+            out.append(_Output(eid, toks[pos % len(toks)], -0.5, [], "length" if done else "", n_prompt, 0, now, now,
+                               0, None, None))
             if done:
                 del self.live[eid]
         if self.live:

@@ -37,7 +37,8 @@ def run_to_end(engine, reqs: dict) -> tuple[float, float, int]:
     tokens = 0
     live = set(reqs)
     while live:
-        for rid, tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached, _emb, _plp in engine.step():
+        for o in engine.step():
+            rid, tok, reason = o.request_id, o.token, o.finish_reason
             if tok >= 0:
                 tokens += 1
                 first = first or time.perf_counter()
@@ -50,7 +51,7 @@ def bench_pyserve(path: str, threads: int, prefill_len: int, decode_len: int) ->
     from pyserve import _engine
 
     # No prefix caching here: repeated rounds re-send the same prompts and must not hit the cache.
-    eng = _engine.Engine(path, n_threads=threads, max_batched_tokens=max(512, prefill_len), enable_prefix_caching=False)
+    eng = _engine.Engine(path, n_threads=threads, max_num_batched_tokens=max(512, prefill_len), enable_prefix_caching=False)
     V = eng.hparams["n_vocab"]
     greedy = {"temperature": 0.0}
     res = {}
@@ -86,7 +87,8 @@ def decode_phase_rate(engine, reqs: set) -> float:
     while live:
         outs = engine.step()
         now = time.perf_counter()
-        for rid, tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached, _emb, _plp in outs:
+        for o in outs:
+            rid, tok, reason = o.request_id, o.token, o.finish_reason
             if t_all is not None and tok >= 0:
                 tokens += 1
             started.add(rid)
@@ -118,7 +120,7 @@ def bench_prefix_cache(path: str, threads: int, cached=1000, extra=8) -> float:
     """TTFT of a request whose first `cached` tokens are in the prefix cache, over a cold one's."""
     from pyserve import _engine
 
-    eng = _engine.Engine(path, n_threads=threads, max_batched_tokens=512)
+    eng = _engine.Engine(path, n_threads=threads, max_num_batched_tokens=512)
     V = eng.hparams["n_vocab"]
     shared = synthetic_prompt(cached, V, 7)
     eng.add("cold", shared + synthetic_prompt(extra, V, 8)[1:], {"temperature": 0.0}, 1, True)

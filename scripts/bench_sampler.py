@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 
-from pyserve._engine import Sampler
+from pyserve import _engine
+Sampler = _engine.testing.Sampler
 
 CASES = [
     ("greedy", dict(temperature=0.0)),

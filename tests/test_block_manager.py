@@ -25,7 +25,7 @@ def check_invariants(bm, tables):
 
 
 def test_allocate_append_free():
-    bm = _engine.BlockManager(8, BS)
+    bm = _engine.testing.BlockManager(8, BS)
     assert (bm.num_free, bm.num_used, bm.num_cached) == (8, 0, 0)
     assert bm.allocate(0, toks(6), 6) == 0  # nothing cached: no hit
     assert len(bm.table(0)) == 2 and bm.num_used == 2
@@ -39,7 +39,7 @@ def test_allocate_append_free():
 
 
 def test_release_of_free_block_raises():
-    bm = _engine.BlockManager(2, BS)
+    bm = _engine.testing.BlockManager(2, BS)
     b = bm.allocate_block()
     assert bm.release(b) == 0
     with pytest.raises(Exception, match="release of free KV block"):
@@ -48,7 +48,7 @@ def test_release_of_free_block_raises():
 
 
 def test_hash_chain_hits_and_misses():
-    bm = _engine.BlockManager(16, BS)
+    bm = _engine.testing.BlockManager(16, BS)
     prompt = toks(11)  # blocks [0,4) [4,8) full, [8,11) partial
     bm.allocate(0, prompt, 11)
     assert bm.lookup(prompt + [1]) == []  # nothing committed yet
@@ -76,14 +76,14 @@ def test_hash_chain_hits_and_misses():
 
 
 def test_hash_depends_on_parent_and_tokens():
-    h = _engine.BlockManager.hash_block
+    h = _engine.testing.BlockManager.hash_block
     assert h(1, [1, 2, 3, 4]) == h(1, [1, 2, 3, 4])
     assert h(1, [1, 2, 3, 4]) != h(2, [1, 2, 3, 4])
     assert h(1, [1, 2, 3, 4]) != h(1, [1, 2, 4, 3])
 
 
 def test_freed_full_blocks_stay_cached_and_are_reused():
-    bm = _engine.BlockManager(8, BS)
+    bm = _engine.testing.BlockManager(8, BS)
     p = toks(9)
     bm.allocate(0, p, 9)
     bm.commit(0, p, 9)
@@ -98,7 +98,7 @@ def test_freed_full_blocks_stay_cached_and_are_reused():
 
 
 def test_lru_eviction_order():
-    bm = _engine.BlockManager(6, BS)
+    bm = _engine.testing.BlockManager(6, BS)
     a, b = toks(9, 100), toks(9, 200)
     for t, p in ((0, a), (1, b)):
         bm.allocate(t, p, 9)
@@ -121,7 +121,7 @@ def test_lru_eviction_order():
 
 
 def test_hit_revives_cached_block_before_eviction():
-    bm = _engine.BlockManager(3, BS)
+    bm = _engine.testing.BlockManager(3, BS)
     p = toks(9)
     bm.allocate(0, p, 9)
     bm.commit(0, p, 9)
@@ -138,7 +138,7 @@ def test_hit_revives_cached_block_before_eviction():
 
 
 def test_fork_and_copy_on_first_write():
-    bm = _engine.BlockManager(16, BS)
+    bm = _engine.testing.BlockManager(16, BS)
     p = toks(10)  # 2 full blocks + 2 tokens in the third
     bm.allocate(0, p, 10)
     bm.commit(0, p, 10)
@@ -168,7 +168,7 @@ def test_fork_and_copy_on_first_write():
 
 
 def test_fork_without_partial_block_needs_no_copy():
-    bm = _engine.BlockManager(8, BS)
+    bm = _engine.testing.BlockManager(8, BS)
     p = toks(8)
     bm.allocate(0, p, 8)
     bm.commit(0, p, 8)
@@ -179,7 +179,7 @@ def test_fork_without_partial_block_needs_no_copy():
 
 
 def test_copy_on_write_is_all_or_nothing():
-    bm = _engine.BlockManager(3, BS)
+    bm = _engine.testing.BlockManager(3, BS)
     p = toks(6)
     bm.allocate(0, p, 6)
     bm.fork(0, 1)
@@ -191,7 +191,7 @@ def test_copy_on_write_is_all_or_nothing():
 
 def test_random_verbs_keep_invariants():
     rng = random.Random(3)
-    bm = _engine.BlockManager(40, BS)
+    bm = _engine.testing.BlockManager(40, BS)
     tables, state, nxt = [], {}, 0
     prefixes = [toks(rng.randrange(4, 30), 1000 * k) for k in range(4)]
     for _ in range(2000):

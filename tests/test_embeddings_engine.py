@@ -134,7 +134,8 @@ def test_embeddings_beside_generation_change_nothing(llm, alone):
         eng.add_embed(f"e{i}", llm.tokenize(text), "mean", True)
     gen, vecs = {}, {}
     while eng.has_work():
-        for rid, tok, lp, top, reason, _n, _i, _s, _t, _c, emb, _plp in eng.step():
+        for o in eng.step():
+            rid, tok, lp, top, reason, emb = o.request_id, o.token, o.logprob, o.top, o.finish_reason, o.embedding
             if rid.startswith("e"):
                 assert (tok, reason) == (-1, "stop")
                 vecs[rid] = emb

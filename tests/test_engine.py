@@ -62,9 +62,9 @@ def test_random_add_abort_leaves_no_blocks(llm):
                     {"temperature": 0.0}, rng.randrange(1, 6), True)
             live.append(rid)
         if rng.random() < 0.1:
-            for rid, _tok, _lp, _top, reason, _n_prompt, _index, _sched, _ts, _cached, _emb, _plp in eng.step():
-                if reason and rid in live:
-                    live.remove(rid)
+            for o in eng.step():
+                if o.finish_reason and o.request_id in live:
+                    live.remove(o.request_id)
     for rid in live:
         eng.abort(rid)
     eng.abort("never-existed")

@@ -136,7 +136,7 @@ def test_vocabulary_checks_are_the_engines(llm):
         ids = req.prompts[0] if isinstance(req.prompts[0], list) else [2, 5]
         params = req.to_sampling_params(max_tokens=4)
         with pytest.raises(ValueError) as ei:
-            llm.engine.check_request("r", ids, params.engine_sampling(0), 4, False, list(params.stop_token_ids))
+            llm.engine.check_request("r", ids, params.engine_sampling(), 4, False, list(params.stop_token_ids))
         err = from_engine(ei.value)
         assert err.status == 400 and err.param == param, err.message
     assert llm.engine.stats()["waiting"] == 0

@@ -8,7 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from test_wire_defects import MODEL, _streamed_logprobs, client, server  # noqa: F401 - the same server and client
+from sse_client import streamed_logprobs
+from test_wire_defects import MODEL, client, server  # noqa: F401 - the same server and client
 
 
 def _tokens(server, text: str) -> list[int]:
@@ -71,7 +72,7 @@ def test_echo_logprobs_score_the_prompt_as_lm_eval_asks(server, client):
 def test_streamed_echo_logprobs_equal_the_whole(server):
     body = {"prompt": "One, two, three,", "echo": True, "logprobs": 2, "max_tokens": 5, "temperature": 0}
     whole = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]
-    text, lp = _streamed_logprobs(server, body)
+    text, lp = streamed_logprobs(server, body)
     assert text == whole["text"] and lp == whole["logprobs"]
 
 

@@ -61,3 +61,37 @@ def test_no_module_imports_a_layer_above_its_own():
         bad += [f"{module} imports {t}" for t in _imports(path, module) if not _allowed(layer, _layer(t))]
     assert not bad, "\n".join(bad)
     assert seen > 20  # the walk saw the package
+
+
+def _attribute_chains(path: Path):
+    """Every dotted attribute chain in a module, as text ('engine.llm.engine.stats')."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and not isinstance(getattr(node, "parent", None), ast.Attribute):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_the_native_engine_stays_inside_the_engine_layer():
+    """Only pyserve/engine/ touches the compiled extension: the layers above read the model's config, hparams,
+    metadata, stats and KV geometry through LLM / AsyncLLM / EngineOptions, never `_engine`, nor reach
+    through an AsyncLLM to its LLM or native engine (`.llm.` chains)."""
+    bad = []
+    for path, module in _modules():
+        if _layer(module) in ("engine", "_engine", ""):
+            continue
+        bad += [f"{module} imports {t}" for t in _imports(path, module) if _layer(t) == "_engine"]
+        bad += [f"{module}:{line} reaches through: {chain}" for line, chain in _attribute_chains(path)
+                if ".llm." in chain or chain.startswith("llm.engine")]
+    bad += [f"{module}:{line} uses a test harness: {chain}" for path, module in _modules()
+            for line, chain in _attribute_chains(path) if "_engine.testing" in chain]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_function_over_60_lines():
+    """The house rule (scripts/function_lengths.py), held by the suite."""
+    import subprocess
+    import sys
+
+    script = ROOT.parent / "scripts" / "function_lengths.py"
+    r = subprocess.run([sys.executable, str(script), "--over", "60", "--fail", "60", str(ROOT)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout

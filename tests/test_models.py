@@ -37,6 +37,8 @@ def folder(tmp_path_factory, model_path) -> Path:
     data = tiny.read_bytes()
     (d / "broken.gguf").write_bytes(data[:len(data) // 2])  # its tensors lie past the end of the file
     (d / "mamba.gguf").write_bytes(data.replace(b"llama", b"mamba"))  # a valid header, an unknown architecture
+    assert data.count(b"output_norm.weight") == 1  # a readable header and hyper-parameters, a tensor missing
+    (d / "holes.gguf").write_bytes(data.replace(b"output_norm.weight", b"output_nrom.weight"))
     for part in (1, 2):  # a split model: one entry, which the engine cannot load
         (d / f"big-0000{part}-of-00002.gguf").write_bytes(b"GGUF")
     return d
@@ -89,7 +91,8 @@ def completion(url: str, model, prompt: str, max_tokens: int = 12, status: int =
 
 
 def tokenize(url: str, model) -> list:
-    r = httpx.post(url + "/tokenize", json={"prompt": PROMPTS[0], **({"model": model} if model else {})})
+    r = httpx.post(url + "/tokenize", json={"prompt": PROMPTS[0], **({"model": model} if model else {})},
+                   timeout=120)  # it may load the model first
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
 
@@ -153,13 +156,15 @@ def first_chunk(stream) -> dict:
 def test_listing_and_unknown_models(serve_one):
     u = serve_one.url
     c = cards(u)
-    assert set(c) == {"gemma-a", "gemma-b", "tiny", "broken", "mamba", "big"}
-    for name in ("gemma-a", "gemma-b", "tiny", "mamba"):
+    assert set(c) == {"gemma-a", "gemma-b", "tiny", "broken", "mamba", "holes", "big"}
+    for name in ("gemma-a", "gemma-b", "tiny", "holes"):
         assert c[name]["status"] in ("available", "loaded") and c[name]["root"] == name, c[name]
     assert c["gemma-a"]["max_model_len"] == 8192 and c["tiny"]["max_model_len"] == 512  # before any load
     assert c["broken"]["status"] == "unavailable" and c["broken"]["loaded"] is False
     assert "broken.gguf" in c["broken"]["error"] and "outside the file" in c["broken"]["error"]
     assert c["big"]["status"] == "unavailable" and "split GGUF (2 files)" in c["big"]["error"]
+    # the engine's own rules from the header (hyper-parameters, KV geometry): known before any load
+    assert c["mamba"]["status"] == "unavailable" and "unsupported architecture 'mamba'" in c["mamba"]["error"]
     assert httpx.get(u + "/v1/models/tiny").json() == c["tiny"]
     for r in (httpx.get(u + "/v1/models/nope"), httpx.post(u + "/v1/chat/completions", json={
             "model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
@@ -175,14 +180,16 @@ def test_unloadable_models_answer_why_and_the_others_serve(serve_one, references
     before = metrics(u)
     err = completion(u, "broken", "x", status=500)["error"]
     assert err["code"] == "model_unavailable" and "`broken`" in err["message"] and "outside the file" in err["message"]
-    # a header the catalog reads, an architecture the engine refuses: found by the load, then remembered
-    assert cards(u)["mamba"]["status"] == "available"
+    err = completion(u, "mamba", "x", status=500)["error"]
+    assert err["code"] == "model_unavailable" and "unsupported architecture 'mamba'" in err["message"]
+    # a header the catalog reads, a tensor the load misses: found by the load, then remembered
+    assert cards(u)["holes"]["status"] == "available"
     for _ in range(2):
-        err = completion(u, "mamba", "x", status=500)["error"]
-        assert err["code"] == "model_unavailable" and "unsupported architecture 'mamba'" in err["message"]
-    assert cards(u)["mamba"]["status"] == "unavailable" and "mamba" in cards(u)["mamba"]["error"]
-    assert total(metrics(u), "pyserve:model_load_failures_total", model_name="mamba") - total(
-        before, "pyserve:model_load_failures_total", model_name="mamba") == 1  # once per version of the file
+        err = completion(u, "holes", "x", status=500)["error"]
+        assert err["code"] == "model_unavailable" and "missing tensor 'output_norm.weight'" in err["message"]
+    assert cards(u)["holes"]["status"] == "unavailable" and "output_norm" in cards(u)["holes"]["error"]
+    assert total(metrics(u), "pyserve:model_load_failures_total", model_name="holes") - total(
+        before, "pyserve:model_load_failures_total", model_name="holes") == 1  # once per version of the file
     assert completion(u, "tiny", PROMPTS[0])["choices"][0]["text"] == references["tiny"][0]
 
 

@@ -17,7 +17,8 @@ def run(eng, rid, prompt, max_tokens, sampling, n, watch=None):
     outs = {i: ([], []) for i in range(n)}
     done = set()
     while len(done) < n:
-        for r, tok, lp, _top, reason, n_prompt, idx, _sched, _ts, _cached, _emb, _plp in eng.step():
+        for o in eng.step():
+            r, tok, lp, reason, n_prompt, idx = o.request_id, o.token, o.logprob, o.finish_reason, o.n_prompt, o.index
             assert r == rid and n_prompt == len(prompt) and idx not in done
             if tok >= 0:
                 outs[idx][0].append(tok), outs[idx][1].append(lp)
@@ -69,11 +70,11 @@ def test_abort_n4_frees_everything(eng):
     eng.add("ab", PROMPT, {"temperature": 0.7}, 64, True, n=4)
     outs = []
     while len(outs) < 4 * 3:  # the prompt, then a few tokens per sample
-        outs += [o for o in eng.step() if o[1] >= 0]
+        outs += [o for o in eng.step() if o.token >= 0]
     assert eng.stats()["running"] == 4 and eng.stats()["blocks_used"] > 63
     eng.abort("ab")
     ends = eng.step()
-    assert sorted((o[0], o[4], o[6]) for o in ends) == [("ab", "abort", i) for i in range(4)]
+    assert sorted((o.request_id, o.finish_reason, o.index) for o in ends) == [("ab", "abort", i) for i in range(4)]
     s = eng.stats()
     assert (s["blocks_used"], s["running"], s["waiting"]) == (0, 0, 0)
     assert not eng.has_work()
@@ -83,10 +84,11 @@ def test_abort_before_the_fork_and_of_one_sample(eng):
     eng.add("w", PROMPT, {"temperature": 0.0}, 8, True, n=3)
     eng.abort("w", 1)  # still one sequence for the three samples: sample 1 ends, 0 and 2 go on
     ends = eng.step()
-    assert (ends[0][0], ends[0][1], ends[0][4], ends[0][6]) == ("w", -1, "abort", 1)
+    assert (ends[0].request_id, ends[0].token, ends[0].finish_reason, ends[0].index) == ("w", -1, "abort", 1)
     got, outs = {}, ends[1:]  # the prompt may be cached already: then the samples drew in that step too
     while True:
-        for _r, tok, _lp, _top, _reason, _n, idx, _sched, _ts, _cached, _emb, _plp in outs:
+        for o in outs:
+            tok, idx = o.token, o.index
             got.setdefault(idx, []).append(tok)
             if idx == 2 and len(got[2]) == 3:
                 eng.abort("w", 2)

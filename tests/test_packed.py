@@ -17,13 +17,13 @@ PACKED = [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 def reference(t, rows, x):
-    return np.array([[_engine.vec_dot(int(t), r, xc, impl="ref") for r in rows] for xc in x], np.float32)
+    return np.array([[_engine.testing.vec_dot(int(t), r, xc, impl="ref") for r in rows] for xc in x], np.float32)
 
 
 @pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
 def test_a_build_with_the_avx2_kernels_packs_these_types(t):
     """Packed layouts exist for the AVX2 kernels; a portable (scalar) build keeps the file's rows."""
-    assert _engine.packable(int(t)) == _engine.simd()["avx2"]
+    assert _engine.testing.packable(int(t)) == _engine.testing.simd()["avx2"]
 
 
 def test_a_native_build_here_has_the_avx2_kernels():
@@ -34,9 +34,9 @@ def test_a_native_build_here_has_the_avx2_kernels():
                 flags = set(line.split(":", 1)[1].split())
                 break
     if {"avx2", "fma", "f16c"} <= flags:
-        assert _engine.simd()["avx2"]
+        assert _engine.testing.simd()["avx2"]
     if {"avx512bw", "avx512vl", "avx512_vnni"} <= flags:
-        assert _engine.simd()["avx512bw"] and _engine.simd()["vnni"] == 1
+        assert _engine.testing.simd()["avx512bw"] and _engine.testing.simd()["vnni"] == 1
 
 
 @pytest.mark.parametrize("t", [Q.F32, Q.F16, Q.BF16, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
@@ -45,8 +45,8 @@ def test_other_types_are_not_packed_and_match_the_tiles(t):
     n = 512
     rows = np.stack([rand_row(t, n, rng) for _ in range(11)])
     x = rand_act(n, rng, 5)
-    assert not _engine.packable(int(t))
-    assert_same_bits(_engine.matmul(int(t), rows, x), _engine.vec_dot_tile(int(t), rows, x))
+    assert not _engine.testing.packable(int(t))
+    assert_same_bits(_engine.testing.matmul(int(t), rows, x), _engine.testing.vec_dot_tile(int(t), rows, x))
 
 
 @pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
@@ -60,7 +60,7 @@ def test_packed_equals_the_scalar_reference_bit_for_bit(t, n_rows):
     want = reference(t, rows, x)
     for T in (1, 3, 8, 9, 16, 17):
         for threads in (1, 2):
-            got = _engine.matmul(int(t), rows, x[:T], threads=threads)
+            got = _engine.testing.matmul(int(t), rows, x[:T], threads=threads)
             assert_same_bits(got, want[:T])
 
 
@@ -69,11 +69,11 @@ def test_a_column_gives_the_same_bits_in_any_slot(t):
     rng = np.random.default_rng(77 + int(t))
     rows = np.stack([rand_row(t, 256, rng) for _ in range(24)])
     x = rand_act(256, rng, 12)
-    base = _engine.matmul(int(t), rows, x)
+    base = _engine.testing.matmul(int(t), rows, x)
     for perm in (np.arange(12)[::-1], rng.permutation(12)):
-        assert_same_bits(_engine.matmul(int(t), rows, x[perm]), base[perm])
+        assert_same_bits(_engine.testing.matmul(int(t), rows, x[perm]), base[perm])
     for c in range(12):
-        assert_same_bits(_engine.matmul(int(t), rows, x[c:c + 1])[0], base[c])
+        assert_same_bits(_engine.testing.matmul(int(t), rows, x[c:c + 1])[0], base[c])
 
 
 def test_extreme_codes_do_not_saturate():
@@ -85,7 +85,7 @@ def test_extreme_codes_do_not_saturate():
     block[2:] = np.uint8(0x80)
     rows = np.tile(block, (n_rows, n // 32))
     x = np.ones((3, n), np.float32)  # quantizes to d = 1/127, all codes 127
-    got = _engine.matmul(int(Q.Q8_0), rows, x)
+    got = _engine.testing.matmul(int(Q.Q8_0), rows, x)
     assert np.allclose(got, -128.0 * n, rtol=1e-6)  # d_w = 1, d_a · 127 = 1
     assert_same_bits(got, reference(Q.Q8_0, rows, x))
 
@@ -94,4 +94,4 @@ def test_matmul_rejects_a_wrong_row_size():
     rng = np.random.default_rng(5)
     rows = np.stack([rand_row(Q.Q8_0, 256, rng) for _ in range(8)])
     with pytest.raises(ValueError, match="row size"):
-        _engine.matmul(int(Q.Q8_0), rows, rand_act(288, rng, 2))
+        _engine.testing.matmul(int(Q.Q8_0), rows, rand_act(288, rng, 2))

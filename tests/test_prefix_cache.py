@@ -21,7 +21,8 @@ def run(eng, rid, prompt, max_tokens, sampling=GREEDY):
     ttft = None
     toks, lps, tops = [], [], []
     while True:
-        for r, tok, lp, top, reason, _n, _i, _sched, _ts, _cached, _emb, _plp in eng.step():
+        for o in eng.step():
+            r, tok, lp, top, reason = o.request_id, o.token, o.logprob, o.top, o.finish_reason
             assert r == rid
             if tok >= 0:
                 ttft = ttft or time.perf_counter() - t0

@@ -91,12 +91,12 @@ def assert_same_bits(a, b):
 
 def check_dots(t, raw, x):
     """simd ≈ ref ≈ float64 math on the dequantized row and the round-tripped activation."""
-    w = _engine.dequantize(int(t), raw, x.size).astype(np.float64)
-    xr = _engine.act_roundtrip(int(t), x).astype(np.float64)
+    w = _engine.testing.dequantize(int(t), raw, x.size).astype(np.float64)
+    xr = _engine.testing.act_roundtrip(int(t), x).astype(np.float64)
     exact = float(np.dot(w, xr))
     scale = float(np.abs(w * xr).sum())
-    ref = _engine.vec_dot(int(t), raw, x, impl="ref")
-    simd = _engine.vec_dot(int(t), raw, x, impl="simd")
+    ref = _engine.testing.vec_dot(int(t), raw, x, impl="ref")
+    simd = _engine.testing.vec_dot(int(t), raw, x, impl="simd")
     tol = DOT_RTOL * scale + 1e-30
     assert abs(ref - exact) <= tol, (t.name, ref, exact, scale)
     assert abs(simd - ref) <= tol, (t.name, simd, ref, scale)
@@ -106,7 +106,7 @@ def check_dots(t, raw, x):
 
 def test_type_info():
     for t in TYPES:
-        info = _engine.type_info(int(t))
+        info = _engine.testing.type_info(int(t))
         assert info["name"] == t.name
         assert (info["block_size"], info["type_size"]) == gguf.GGML_QUANT_SIZES[t]
 
@@ -114,18 +114,18 @@ def test_type_info():
 @pytest.mark.parametrize("tid", [int(Q.Q8_1), int(Q.Q2_K), int(Q.Q3_K), int(Q.Q8_K), 4, 5, 16, 29, 99])
 def test_unsupported_types_raise(tid):
     with pytest.raises(ValueError):
-        _engine.type_info(tid)
+        _engine.testing.type_info(tid)
     with pytest.raises(ValueError):
-        _engine.dequantize(tid, np.zeros(4096, np.uint8), 256)
+        _engine.testing.dequantize(tid, np.zeros(4096, np.uint8), 256)
 
 
 @pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_K])
 def test_bad_lengths_raise(t):
     raw = rand_row(t, 256, np.random.default_rng(0))
     with pytest.raises(ValueError):
-        _engine.dequantize(int(t), raw, 250)
+        _engine.testing.dequantize(int(t), raw, 250)
     with pytest.raises(ValueError):
-        _engine.vec_dot(int(t), raw, np.ones(250, np.float32))
+        _engine.testing.vec_dot(int(t), raw, np.ones(250, np.float32))
 
 
 # ---------------------------------------------------------------------------------------------- dequantize
@@ -135,12 +135,12 @@ def test_dequantize_matches_gguf(t):
     rng = np.random.default_rng(100 + int(t))
     for n in (block_size(t), 256, 4096):
         raw = rand_row(t, n, rng)
-        assert_same_bits(_engine.dequantize(int(t), raw, n), gguf_dequant(t, raw))
+        assert_same_bits(_engine.testing.dequantize(int(t), raw, n), gguf_dequant(t, raw))
 
 
 def test_fp16_all_bit_patterns():
     h = np.arange(65536, dtype=np.uint16)
-    got = _engine.dequantize(int(Q.F16), h.view(np.uint8), 65536)
+    got = _engine.testing.dequantize(int(Q.F16), h.view(np.uint8), 65536)
     want = h.view(np.float16).astype(np.float32)
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)  # NaN payload: the F16C path quiets signalling NaNs
@@ -149,7 +149,7 @@ def test_fp16_all_bit_patterns():
 
 def test_bf16_all_bit_patterns():
     h = np.arange(65536, dtype=np.uint16).view(np.uint8)
-    assert_same_bits(_engine.dequantize(int(Q.BF16), h, 65536), gguf_dequant(Q.BF16, h))
+    assert_same_bits(_engine.testing.dequantize(int(Q.BF16), h, 65536), gguf_dequant(Q.BF16, h))
 
 
 # ---------------------------------------------------------------------------------------------- activations
@@ -174,7 +174,7 @@ def test_act_roundtrip(t):
         x[:blk] = 0.0  # an all-zero block quantizes to zeros
         if n > 2 * 256:
             x[256:512] = 1.0 / 3.0  # all equal
-        rt = _engine.act_roundtrip(int(t), x)
+        rt = _engine.testing.act_roundtrip(int(t), x)
         if blk == 1:
             assert_same_bits(rt, x)
             continue
@@ -217,8 +217,8 @@ def test_vec_dot_cols_bit_identical(t):
     raw = rand_row(t, n, rng)
     for ncols in range(1, 14):
         x = rand_act(n, rng, ncols)
-        cols = _engine.vec_dot_cols(int(t), raw, x)
-        single = np.array([_engine.vec_dot(int(t), raw, x[c]) for c in range(ncols)], np.float32)
+        cols = _engine.testing.vec_dot_cols(int(t), raw, x)
+        single = np.array([_engine.testing.vec_dot(int(t), raw, x[c]) for c in range(ncols)], np.float32)
         assert_same_bits(cols, single)
 
 
@@ -229,8 +229,8 @@ def test_vec_dot_tile_bit_identical(t):
     n = 1024 if t not in (Q.F32, Q.F16, Q.BF16) else 1000
     rows = np.stack([rand_row(t, n, rng) for _ in range(5)])
     x = rand_act(n, rng, 11)
-    tile = _engine.vec_dot_tile(int(t), rows, x)
-    single = np.array([[_engine.vec_dot(int(t), rows[r], x[c]) for r in range(5)] for c in range(11)], np.float32)
+    tile = _engine.testing.vec_dot_tile(int(t), rows, x)
+    single = np.array([[_engine.testing.vec_dot(int(t), rows[r], x[c]) for r in range(5)] for c in range(11)], np.float32)
     assert_same_bits(tile, single)
 
 
@@ -240,9 +240,9 @@ def test_vec_dot_cols_column_position_does_not_matter():
     for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K):
         raw = rand_row(t, 1024, rng)
         x = rand_act(1024, rng, 13)
-        base = _engine.vec_dot_cols(int(t), raw, x)
+        base = _engine.testing.vec_dot_cols(int(t), raw, x)
         for perm in (np.arange(13)[::-1], rng.permutation(13)):
-            assert_same_bits(_engine.vec_dot_cols(int(t), raw, x[perm]), base[perm])
+            assert_same_bits(_engine.testing.vec_dot_cols(int(t), raw, x[perm]), base[perm])
 
 
 # ---------------------------------------------------------------------------------------------- real model
@@ -276,8 +276,8 @@ def test_model_tensors(model_rows, t):
     n, rows = model_rows[t]
     rng = np.random.default_rng(13)
     for raw in rows:
-        assert_same_bits(_engine.dequantize(int(t), raw, n), gguf_dequant(t, raw))
+        assert_same_bits(_engine.testing.dequantize(int(t), raw, n), gguf_dequant(t, raw))
         check_dots(t, raw, rand_act(n, rng))
         x = rand_act(n, rng, 9)
-        single = np.array([_engine.vec_dot(int(t), raw, x[c]) for c in range(9)], np.float32)
-        assert_same_bits(_engine.vec_dot_cols(int(t), raw, x), single)
+        single = np.array([_engine.testing.vec_dot(int(t), raw, x[c]) for c in range(9)], np.float32)
+        assert_same_bits(_engine.testing.vec_dot_cols(int(t), raw, x), single)

@@ -93,7 +93,7 @@ def test_check_request_is_thread_safe_while_the_loop_steps(tiny):
     alone = []
     tiny.add("a", [2, 651, 6037], greedy, 12, True)
     while tiny.has_work():
-        alone += [tok for _rid, tok, *_ in tiny.step()]
+        alone += [o.token for o in tiny.step()]
     loop = _engine.EngineLoop(tiny)
     loop.start()
     try:
@@ -106,9 +106,9 @@ def test_check_request_is_thread_safe_while_the_loop_steps(tiny):
             loop.check_request("c", [2, 3], greedy, 4)
             checks += 1
             if select.select([loop.fd], [], [], 0.01)[0]:
-                for _rid, tok, _lp, _top, reason, *_ in loop.drain():
-                    got.append(tok)
-                    done = done or bool(reason)
+                for o in loop.drain():
+                    got.append(o.token)
+                    done = done or bool(o.finish_reason)
             if done:
                 break
         assert done and got == alone and checks > 0
@@ -141,7 +141,7 @@ def test_check_sampling_is_what_sampling_params_and_the_sampler_apply(kw):
     with pytest.raises(ValueError) as params:
         SamplingParams(**kw)
     with pytest.raises(ValueError) as sampler:
-        _engine.Sampler(10, **kw)
+        _engine.testing.Sampler(10, **kw)
     assert str(params.value) == str(engine_rule.value) == str(sampler.value)
     assert str(params.value).startswith(next(iter(kw)))
 
@@ -150,7 +150,7 @@ def test_edges_pass_everywhere():
     edges = dict(temperature=0.0, top_k=-1, top_p=1.0, min_p=1.0, repetition_penalty=1e-3, presence_penalty=-2.0,
                  frequency_penalty=2.0, logit_bias={3: -math.inf, 4: 100.0}, seed=2**62)
     _engine.check_sampling(edges)
-    _engine.Sampler(10, **edges)
+    _engine.testing.Sampler(10, **edges)
     assert SamplingParams(**edges).engine_sampling()["top_p"] == 1.0
 
 

@@ -1,4 +1,4 @@
-"""The sampler (csrc/sampler.cpp) through pyserve._engine.Sampler, on hand-built logits.
+"""The sampler (csrc/sampler.cpp) through pyserve._engine.testing.Sampler, on hand-built logits.
 
 Every random draw uses a fixed seed, so these tests are deterministic; the statistical bounds are loose enough
 that a correct sampler passes them for any seed, and tight enough that a wrong distribution does not.
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pyserve._engine import Sampler
+from pyserve import _engine
+Sampler = _engine.testing.Sampler
 
 
 def log_softmax(logits):

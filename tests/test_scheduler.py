@@ -14,7 +14,7 @@ def sched(step):
 
 
 def test_chunked_prefill_under_the_budget_then_decode():
-    sim = _engine.SchedulerSim(64, 4, max_batched_tokens=8)
+    sim = _engine.testing.SchedulerSim(64, 4, max_batched_tokens=8)
     sim.add("a", toks(20), 3)
     assert sched(sim.step()) == [("a", 0, 0, 8, False)]
     assert sched(sim.step()) == [("a", 0, 8, 8, False)]
@@ -28,7 +28,7 @@ def test_chunked_prefill_under_the_budget_then_decode():
 
 
 def test_running_first_then_admission_with_the_rest_of_the_budget():
-    sim = _engine.SchedulerSim(64, 4, max_batched_tokens=8)
+    sim = _engine.testing.SchedulerSim(64, 4, max_batched_tokens=8)
     sim.add("a", toks(4), 10)
     assert sched(sim.step()) == [("a", 0, 0, 4, True)]
     sim.add("b", toks(20, 500), 10)
@@ -39,7 +39,7 @@ def test_running_first_then_admission_with_the_rest_of_the_budget():
 
 
 def test_sequence_cap():
-    sim = _engine.SchedulerSim(64, 4, max_num_seqs=2)
+    sim = _engine.testing.SchedulerSim(64, 4, max_num_seqs=2)
     for r in "abc":
         sim.add(r, toks(3, ord(r) * 10), 2)
     assert [s[0] for s in sched(sim.step())] == ["a", "b"]
@@ -51,7 +51,7 @@ def test_sequence_cap():
 def test_preemption_takes_the_newest_and_recomputes_it():
     # 4 blocks of 4 tokens. a and b (4-token prompts) need a second block at their first decode; c (2 tokens)
     # does not, but it is the newest: b's need preempts it.
-    sim = _engine.SchedulerSim(4, 4)
+    sim = _engine.testing.SchedulerSim(4, 4)
     sim.add("a", toks(4, 100), 2)
     sim.add("b", toks(4, 200), 2)
     sim.add("c", toks(2, 300), 4)
@@ -70,7 +70,7 @@ def test_preemption_takes_the_newest_and_recomputes_it():
 
 def test_preemption_order_is_newest_first():
     # Every sequence needs a new block at the same step; only the oldest ones get one.
-    sim = _engine.SchedulerSim(5, 4)
+    sim = _engine.testing.SchedulerSim(5, 4)
     for r in "abcd":
         sim.add(r, toks(4, ord(r) * 10), 8)
     sim.step()
@@ -80,7 +80,7 @@ def test_preemption_order_is_newest_first():
 
 
 def test_readmission_reuses_the_cached_prefix():
-    sim = _engine.SchedulerSim(4, 4)
+    sim = _engine.testing.SchedulerSim(4, 4)
     sim.add("a", toks(4, 100), 3)
     sim.add("b", toks(9, 200), 3)  # 3 blocks
     sim.step()
@@ -95,7 +95,7 @@ def test_readmission_reuses_the_cached_prefix():
 
 
 def test_prefix_hit_sets_computed_tokens():
-    sim = _engine.SchedulerSim(32, 4)
+    sim = _engine.testing.SchedulerSim(32, 4)
     a = toks(10)
     sim.add("a", a, 1)
     sim.step()
@@ -111,7 +111,7 @@ def test_prefix_hit_sets_computed_tokens():
 
 
 def test_prefix_caching_off():
-    sim = _engine.SchedulerSim(32, 4, prefix_caching=False)
+    sim = _engine.testing.SchedulerSim(32, 4, prefix_caching=False)
     sim.add("a", toks(10), 1)
     sim.step()
     sim.add("b", toks(10), 1)
@@ -120,7 +120,7 @@ def test_prefix_caching_off():
 
 
 def test_shared_prefix_blocks_are_not_duplicated():
-    sim = _engine.SchedulerSim(64, 4)
+    sim = _engine.testing.SchedulerSim(64, 4)
     sim.add("a", toks(17), 5)
     sim.step()
     for r in "bcd":
@@ -135,7 +135,7 @@ def test_shared_prefix_blocks_are_not_duplicated():
 
 
 def test_n_samples_fork_and_copy_on_write():
-    sim = _engine.SchedulerSim(32, 4)
+    sim = _engine.testing.SchedulerSim(32, 4)
     sim.add("s", toks(10), 3, n=4)
     s = sim.step()
     assert sched(s) == [("s", 0, 0, 10, True)]  # the prompt once
@@ -161,7 +161,7 @@ def test_n_samples_fork_and_copy_on_write():
 
 
 def test_n_samples_abort_frees_everything():
-    sim = _engine.SchedulerSim(32, 4)
+    sim = _engine.testing.SchedulerSim(32, 4)
     sim.add("s", toks(10), 8, n=4)
     sim.step()
     sim.step()
@@ -174,7 +174,7 @@ def test_n_samples_abort_frees_everything():
 
 def test_random_add_abort_leaves_no_blocks():
     rng = random.Random(11)
-    sim = _engine.SchedulerSim(24, 4, max_num_seqs=8, max_batched_tokens=16)
+    sim = _engine.testing.SchedulerSim(24, 4, max_num_seqs=8, max_batched_tokens=16)
     live = set()
     prefixes = [toks(rng.randrange(5, 40), 1000 * k) for k in range(5)]
     for i in range(1500):
@@ -209,7 +209,7 @@ MACS = (1e6, 2e6, 0.0)
 
 
 def test_a_step_beside_decodes_takes_the_prompt_tokens_the_target_leaves():
-    sim = _engine.SchedulerSim(256, 4, max_batched_tokens=64)
+    sim = _engine.testing.SchedulerSim(256, 4, max_batched_tokens=64)
     sim.set_step_target(0.010, MACS, 0.001, 1.0)  # 1 s per GMAC: 1 ms a row, 2 ms more a sampled row
     sim.add("a", toks(40), 50)
     assert sched(sim.step()) == [("a", 0, 0, 40, True)]  # nothing streams: the token budget alone
@@ -221,7 +221,7 @@ def test_a_step_beside_decodes_takes_the_prompt_tokens_the_target_leaves():
 
 
 def test_the_floor_keeps_prompts_moving_when_decodes_fill_the_target():
-    sim = _engine.SchedulerSim(256, 4, max_batched_tokens=64)
+    sim = _engine.testing.SchedulerSim(256, 4, max_batched_tokens=64)
     sim.set_step_target(0.002, MACS, 0.001, 1.0)  # one decode alone (4 ms) exceeds the target
     sim.add("a", toks(8), 50)
     sim.step()
@@ -233,7 +233,7 @@ def test_the_floor_keeps_prompts_moving_when_decodes_fill_the_target():
 
 
 def test_without_a_target_the_budget_rules_as_before():
-    sim = _engine.SchedulerSim(256, 4, max_batched_tokens=16)
+    sim = _engine.testing.SchedulerSim(256, 4, max_batched_tokens=16)
     sim.set_step_target(0.0, MACS, 0.001, 1.0)
     sim.add("a", toks(8), 50)
     sim.step()
@@ -250,7 +250,7 @@ def decoding(sim, rid, prompt_len, max_tokens, start=100):
 
 
 def test_an_accepted_draft_keeps_its_rows():
-    sim = _engine.SchedulerSim(64, 4)
+    sim = _engine.testing.SchedulerSim(64, 4)
     decoding(sim, "a", 4, 10)
     s = sim.step({("a", 0): [1001, 1002, 1003]})  # what the sim draws next: all accepted, plus one
     assert sched(s) == [("a", 0, 4, 4, True)]
@@ -260,7 +260,7 @@ def test_an_accepted_draft_keeps_its_rows():
 
 
 def test_a_rejected_draft_rolls_back_its_blocks():
-    sim = _engine.SchedulerSim(64, 4)
+    sim = _engine.testing.SchedulerSim(64, 4)
     decoding(sim, "a", 4, 10)
     s = sim.step({("a", 0): [1001, 9, 9, 9, 9]})  # rows for positions 4 … 9: three blocks while verifying
     assert sched(s) == [("a", 0, 4, 6, True)]
@@ -271,19 +271,19 @@ def test_a_rejected_draft_rolls_back_its_blocks():
 
 
 def test_drafts_fill_only_the_rows_left_and_the_budget():
-    sim = _engine.SchedulerSim(64, 4, spec_rows=5)
+    sim = _engine.testing.SchedulerSim(64, 4, spec_rows=5)
     for i, rid in enumerate("abc"):
         decoding(sim, rid, 4, 20, start=100 * (i + 1))
     drafts = {(rid, 0): [1, 2, 3] for rid in "abc"}  # three decodes leave two rows
     # all alike (p = 1/2): a's first drafted row, then b's (1/2) before a's second (1/4)
     assert sched(sim.step(drafts)) == [("a", 0, 6, 2, True), ("b", 0, 5, 2, True), ("c", 0, 4, 1, True)]
-    sim = _engine.SchedulerSim(64, 4, max_batched_tokens=2)
+    sim = _engine.testing.SchedulerSim(64, 4, max_batched_tokens=2)
     decoding(sim, "a", 2, 20)
     assert sched(sim.step({("a", 0): [1001, 1002, 1003]})) == [("a", 0, 2, 2, True)]
 
 
 def test_a_draft_never_preempts():
-    sim = _engine.SchedulerSim(4, 4)  # 16 tokens of KV
+    sim = _engine.testing.SchedulerSim(4, 4)  # 16 tokens of KV
     decoding(sim, "a", 4, 8)
     decoding(sim, "b", 4, 8, start=500)
     s = sim.step({("a", 0): [1, 2, 3, 4]})  # the decodes take the last free block; a's draft would need another
@@ -292,7 +292,7 @@ def test_a_draft_never_preempts():
 
 
 def test_drafts_beside_decodes_fit_the_step_target():
-    sim = _engine.SchedulerSim(64, 4)
+    sim = _engine.testing.SchedulerSim(64, 4)
     sim.set_step_target(0.0035, (1e9, 0.0, 0.0), 0.0, 1e-3)  # 1 ms a row: the decode, then two drafted rows
     decoding(sim, "a", 4, 20)
     assert sched(sim.step({("a", 0): [1001, 1002, 1003, 1004]})) == [("a", 0, 4, 3, True)]
@@ -303,7 +303,7 @@ def test_drafted_runs_leave_the_prefix_cache_as_plain_decoding():
     plan = [rng.choice([[], [1, 2, 3], None]) for _ in range(30)]  # no draft, a wrong one, a right one (None)
 
     def run(drafting):
-        sim = _engine.SchedulerSim(64, 4)
+        sim = _engine.testing.SchedulerSim(64, 4)
         decoding(sim, "a", 6, 25)
         for step in plan:
             if not sim.has_work():
@@ -322,7 +322,7 @@ def test_drafted_runs_leave_the_prefix_cache_as_plain_decoding():
 
 def test_drafted_rows_are_the_ones_worth_their_time():
     ms = [0.0, 5.4, 5.6, 5.8, 5.9, 6.1, 6.6, 7.0, 7.5]  # a step of r rows, ms (this machine's shape)
-    sim = _engine.SchedulerSim(64, 4)
+    sim = _engine.testing.SchedulerSim(64, 4)
     sim.set_row_costs([t * 1e-3 for t in ms])
     decoding(sim, "a", 4, 400)
     # p = 1/2: rows of 1/2, 1/4, 1/8 expected tokens pay (with RowCosts' margin, 1.25) for 0.2, 0.2, 0.1 ms;
@@ -342,7 +342,7 @@ def test_more_streams_draft_fewer_rows():
     """The same drafts (p = 1/2 each): one stream takes three rows; of four, one row in all — a slower step is
     waited for by every stream in it, the gain is the drafting one's (RowCosts' margin grows as √streams)."""
     ms = [0.0, 5.4, 5.6, 5.8, 5.9, 6.1, 6.6, 7.0, 7.5]
-    sim = _engine.SchedulerSim(64, 4)
+    sim = _engine.testing.SchedulerSim(64, 4)
     sim.set_row_costs([t * 1e-3 for t in ms])
     for i, rid in enumerate("abcd"):
         decoding(sim, rid, 4, 40, start=100 * (i + 1))

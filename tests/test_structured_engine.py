@@ -149,7 +149,7 @@ def test_the_sampler_masks_as_a_numpy_reference(llm):
     grammar = llm.grammars.compile(S(regex=r"[a-c]{2}[0-9]"))
     rng = np.random.default_rng(0)
     for temperature in (0.0, 1.0):
-        s = _engine.Sampler(V, temperature=temperature, seed=11)
+        s = _engine.testing.Sampler(V, temperature=temperature, seed=11)
         s.set_grammar(grammar)
         ref, end = grammar.clone(), ""
         while end != "stop":  # 3 characters: at most 3 draws

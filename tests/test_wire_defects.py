@@ -1,13 +1,12 @@
 """Defects real clients found (issue 15, section 3), each held by a test against a real server."""
 from __future__ import annotations
 
-import json
-
 import httpx
 import openai
 import pytest
 
 from pyserve.bench.launch import ServerProcess
+from sse_client import streamed_logprobs
 
 MODEL = "gemma-3-270m-q4_k_m"
 
@@ -24,18 +23,6 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def _streamed_logprobs(server, body: dict) -> tuple[str, dict]:
-    text, lp = "", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    with httpx.stream("POST", server.url + "/v1/completions", json=dict(body, stream=True), timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                choice = json.loads(line[6:])["choices"][0]
-                text += choice["text"]
-                for k in lp:
-                    lp[k] += (choice["logprobs"] or {}).get(k, [])
-    return text, lp
-
-
 @pytest.mark.parametrize("body", [
     {"prompt": "𓀀𓀀𓀀𓀀", "max_tokens": 12, "ignore_eos": True},  # tokens that end inside a UTF-8 character
     {"prompt": "1, 2, 3, 4,", "max_tokens": 16, "stop": [", 7, 8, X"]},  # a held-back possible stop string
@@ -43,7 +30,7 @@ def _streamed_logprobs(server, body: dict) -> tuple[str, dict]:
 def test_streamed_completion_logprobs_deliver_every_entry_once(server, body):
     body = dict(body, temperature=0, logprobs=2)
     whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
-    text, lp = _streamed_logprobs(server, body)
+    text, lp = streamed_logprobs(server, body)
     assert text == whole["text"]
     assert lp == whole["logprobs"]
     assert len(lp["tokens"]) == len(lp["text_offset"]) >= 12

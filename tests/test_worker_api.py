@@ -50,7 +50,7 @@ def test_server_info_fields(replica):
     cfg = info["engine_config"]
     assert {k: info[k] for k in UNSIGNED} == {
         "dp_size": 1, "max_total_tokens": cfg["num_kv_blocks"] * cfg["block_size"], "max_running_requests": 1,
-        "max_prefill_tokens": cfg["max_batched_tokens"]}
+        "max_prefill_tokens": cfg["max_num_batched_tokens"]}
     assert all(isinstance(info[k], int) and info[k] >= 0 for k in UNSIGNED)
 
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 import itertools
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional, Union
+from typing import AsyncIterator, Optional
 
 import numpy as np
 import trio
 
 from .. import _engine
+from .engine_request import EngineRequest, PromptType, prompt_ids
 from .output_processor import Delta, RequestState
 from .sampling_params import SamplingParams
 from .structured import StructuredOutputsParams
@@ -254,30 +255,31 @@ class AsyncLLM:
         while True:
             await trio.lowlevel.wait_readable(fd)
             for out in drain():
-                self._deliver(*out)
+                self._deliver(out)
 
-    def _deliver(self, eid: str, token: int, logprob: float, top: list, reason: str, _n_prompt: int, index: int,
-                 scheduled_ts: float, step_ts: float, n_cached: int, embedding: Optional[np.ndarray],
-                 prompt_logprobs: Optional[list]) -> None:
-        """One engine output into its stream: text made, stop strings applied, merged into the sample's delta
-        (an embedding's: to its waiting embed() call)."""
+    def _deliver(self, o) -> None:
+        """One engine output (a StepOutput) into its stream: text made, stop strings applied, merged into the
+        sample's delta (an embedding's: to its waiting embed() call)."""
+        eid, index, reason = o.request_id, o.index, o.finish_reason
         wait = self._embeds.get(eid)
         if wait is not None:
-            wait.end(embedding, reason)
+            wait.end(o.embedding, reason)
             return
         stream = self._streams.get(eid)
         if stream is None or stream.samples[index].closed:
             return  # a finished or abandoned stream; stale outputs after a stop-string abort
-        stream.scheduled_ts = scheduled_ts
-        stream.cached_tokens = n_cached
-        if prompt_logprobs is not None:
-            stream.prompt_logprobs = prompt_logprobs
+        stream.scheduled_ts = o.scheduled_ts
+        stream.cached_tokens = o.n_cached
+        plp = o.prompt_logprobs
+        if plp is not None:
+            stream.prompt_logprobs = plp
         sample = stream.samples[index]
+        token = o.token
         if token >= 0:
-            sample.first_token_ts = sample.first_token_ts or step_ts
-            sample.last_token_ts = step_ts
+            sample.first_token_ts = sample.first_token_ts or o.step_ts
+            sample.last_token_ts = o.step_ts
         try:
-            delta = sample.state.process(token, logprob, top, reason)
+            delta = sample.state.process(token, o.logprob, o.top, reason)
         except Exception as e:  # a bug in text handling ends this sample, not the router
             self.loop.abort(eid, index)
             stream.push(index, Delta(finish_reason=f"error: {type(e).__name__}: {e}"))
@@ -286,19 +288,14 @@ class AsyncLLM:
             self.loop.abort(eid, index)  # a stop string ended it; the engine still holds it
         stream.push(index, delta)
 
-    def prompt_ids(self, prompt: Union[str, list[int], dict], add_special: bool = True) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            prompt = prompt["prompt_token_ids"]
-        return [int(t) for t in prompt]
+    def prompt_ids(self, prompt: PromptType, add_special: bool = True) -> list[int]:
+        """The prompt's token ids under the one rule (engine_request.py), as `generate` takes them."""
+        return prompt_ids(self.tokenizer, prompt, add_special)[1]
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raises the ValueError `generate` would raise for this request (its message names the field first),
         queueing nothing: a server calls it before it answers 200."""
-        self.loop.check_request("check", prompt_ids, params.engine_sampling(0), params.max_tokens,
-                                params.ignore_eos, list(params.stop_token_ids), n=params.n,
-                                prompt_logprobs=params.prompt_logprobs)
+        EngineRequest(None, prompt_ids, params).check(self.loop)
 
     async def compile_grammar(self, so: Optional[StructuredOutputsParams]):
         """The engine grammar of `so` (None without one), compiled on a worker thread so that a slow schema
@@ -313,7 +310,7 @@ class AsyncLLM:
         queueing nothing."""
         self.loop.check_embed(prompt_ids, pooling, normalize)
 
-    async def generate(self, prompt: Union[str, list[int], dict], params: Optional[SamplingParams] = None,
+    async def generate(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamOutput]:
         """Streams the deltas of the request's n samples (each StreamOutput carries its sample's `index`); a
         sample's last delta carries its finish_reason, and the generator ends when every sample has ended.
@@ -322,11 +319,10 @@ class AsyncLLM:
         params = params or SamplingParams()
         grammar = await self.compile_grammar(params.structured_outputs)  # waits for its grammar before it queues: ValueError
         rid, eid = self._new_id(request_id)  # no await from here to the add: the id is taken at once
-        ids = self.prompt_ids(prompt)
-        stream = RequestStream(rid, [RequestState.for_params(self.tokenizer, ids, params) for _ in range(params.n)])
-        self.loop.add(eid, ids, params.engine_sampling(0), params.max_tokens, params.ignore_eos,
-                      list(params.stop_token_ids), n=params.n, prompt_logprobs=params.prompt_logprobs,
-                      grammar=grammar)  # validates: ValueError, nothing queued
+        req = EngineRequest.build(self.tokenizer, prompt, params, grammar)
+        ids = req.prompt_token_ids
+        stream = RequestStream(rid, req.sample_states(self.tokenizer))
+        req.submit(self.loop, eid)  # validates: ValueError, nothing queued
         self._streams[eid] = stream
         self._active[rid] = eid
         try:
@@ -360,7 +356,7 @@ class AsyncLLM:
             raise ValueError(f"duplicate request id {rid!r}")
         return rid, f"{rid}#{next(self._ids)}"
 
-    async def embed(self, prompt: Union[str, list[int], dict], pooling: str = "last", normalize: bool = True,
+    async def embed(self, prompt: PromptType, pooling: str = "last", normalize: bool = True,
                     request_id: Optional[str] = None) -> np.ndarray:
         """The prompt's embedding, float32 [n_embd]: its final-norm hidden state pooled over the prompt, "last"
         (the last token's) or "mean" (of every token's), L2-normalised if `normalize`. One prefill-only engine
@@ -382,3 +378,10 @@ class AsyncLLM:
         if wait.vector is None:
             raise RuntimeError(f"embedding request {rid!r} ended: {wait.reason}")
         return wait.vector
+
+
+# What the layers above read of the loaded model, as LLM has it (they never reach into the native engine):
+# read-only properties that delegate to the LLM.
+for _name in ("model_path", "config", "options", "hparams", "metadata", "max_model_len"):
+    setattr(AsyncLLM, _name, property(lambda self, n=_name: getattr(self.llm, n), doc=f"LLM.{_name}"))
+del _name

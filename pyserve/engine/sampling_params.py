@@ -58,9 +58,8 @@ class SamplingParams:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
         _engine.check_sampling(self.engine_sampling())
 
-    def engine_sampling(self, index: int = 0) -> dict:
-        """The C++ sampler's parameters for the index-th of n samples (each gets its own seed)."""
-        seed = None if self.seed is None else self.seed + index
+    def engine_sampling(self) -> dict:
+        """The C++ sampler's parameters of the request (its n samples draw with seed + 0 … n-1: the engine's fork)."""
         return {
             "temperature": self.temperature,
             "top_k": self.top_k,
@@ -69,7 +68,7 @@ class SamplingParams:
             "repetition_penalty": self.repetition_penalty,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
-            "seed": seed,
+            "seed": self.seed,
             "logprobs": -1 if self.logprobs is None else self.logprobs,
             "logit_bias": self.logit_bias,
             "min_tokens": self.min_tokens,

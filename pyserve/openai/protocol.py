@@ -203,6 +203,7 @@ class NamedToolChoice(_Model):
 
 
 ToolChoice = Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]]
+Tools = Optional[Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)]]
 
 
 def _check_tools(req) -> None:
@@ -377,9 +378,35 @@ def _or(v, default):
     return default if v is None else v
 
 
+# ---- the chat prompt: chat completions, /apply-template, /tokenize with messages ----
+
+class ChatPrompt(_Model):
+    """The rules of the fields a chat prompt is rendered from (messages, tools, the template's options).
+    Chat completions and the template endpoints declare those fields with the same types (Messages, Tools,
+    ToolChoice), chat in OpenAI's order, and ChatServing renders all three from them one way: what
+    /apply-template and /tokenize show is what the model gets for the same chat request."""
+
+    @model_validator(mode="after")
+    def _prompt_rules(self):
+        _continue_or_prompt(self)
+        _check_tools(self)
+        return self
+
+    def tool_mode(self) -> str:
+        """"none" (no tools, or tool_choice none), "auto" (the default with tools), "required" or "named"."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
+
+    def text_bytes(self) -> int:
+        return sum(m.text_bytes() for m in self.messages or ())
+
+
 # ---- the endpoints ----
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, ChatPrompt):
     _tools_constraint: Optional[StructuredOutputsParams] = PrivateAttr(default=None)
     messages: Messages
     model: Optional[str] = None
@@ -407,7 +434,7 @@ class ChatCompletionRequest(_Sampling):
     stream_options: Optional[StreamOptions] = None
     temperature: Temperature = None
     tool_choice: ToolChoice = None
-    tools: Optional[Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)]] = None
+    tools: Tools = None
     top_logprobs: Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)] = None
     top_p: TopP = None
     user: Optional[str] = None
@@ -452,8 +479,6 @@ class ChatCompletionRequest(_Sampling):
     def _top_logprobs_needs_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
-        _continue_or_prompt(self)
-        _check_tools(self)
         constraint, field_name = self.structured()
         if self.tool_mode() != "none" and constraint is not None:
             raise bad_request(f"at most one constraint per request: 'tools' and '{field_name}' were "
@@ -468,14 +493,6 @@ class ChatCompletionRequest(_Sampling):
     def use_tools(self, constraint: Optional[StructuredOutputsParams]) -> None:
         self._tools_constraint = constraint
 
-    def tool_mode(self) -> str:
-        """"none" (no tools, or tool_choice none), "auto" (the default with tools), "required" or "named"."""
-        if not self.tools or self.tool_choice == "none":
-            return "none"
-        if isinstance(self.tool_choice, NamedToolChoice):
-            return "named"
-        return self.tool_choice or "auto"
-
     def logprobs_wanted(self) -> Optional[int]:
         return (self.top_logprobs or 0) if self.logprobs else None
 
@@ -483,9 +500,6 @@ class ChatCompletionRequest(_Sampling):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
-
-    def text_bytes(self) -> int:
-        return sum(m.text_bytes() for m in self.messages)
 
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -561,20 +575,20 @@ class CompletionRequest(_Sampling):
         return self.logprobs if self.echo else None
 
 
-class TemplateRequest(_Model):
-    """/apply-template, and /tokenize with messages."""
-    model: Optional[str] = None
+class TemplateRequest(ChatPrompt):
+    """/apply-template: a chat request's prompt fields (chat's types, rules and order), rendered as chat
+    renders them."""
     messages: Messages
+    model: Optional[str] = None
+    parallel_tool_calls: Optional[bool] = None
+    tool_choice: ToolChoice = None
+    tools: Tools = None
+    # vLLM's extras
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict] = None
     add_generation_prompt: bool = True
     continue_final_message: Optional[bool] = None
-    return_token_strs: Optional[bool] = None
-
-    @model_validator(mode="after")
-    def _exclusive(self):
-        _continue_or_prompt(self)
-        return self
+    add_special_tokens: Optional[bool] = None  # /tokenize: False adds no BOS beyond what the template writes
 
 
 def _continue_or_prompt(req) -> None:
@@ -588,18 +602,13 @@ def _continue_or_prompt(req) -> None:
     req.add_generation_prompt = False
 
 
-class TokenizeRequest(_Model):
-    """/tokenize: `prompt` (or llama.cpp's `content`) text, or `messages` rendered by the chat template."""
-    model: Optional[str] = None
+class TokenizeRequest(TemplateRequest):
+    """/tokenize: `prompt` (or llama.cpp's `content`) text, or `messages` (with /apply-template's fields)
+    rendered as chat renders them; add_special_tokens applies to both."""
+    messages: Optional[Messages] = None
     prompt: Optional[str] = None
     content: Optional[str] = None
-    messages: Optional[Messages] = None
-    add_special_tokens: Optional[bool] = None
-    add_generation_prompt: Optional[bool] = None
-    continue_final_message: Optional[bool] = None
     return_token_strs: Optional[bool] = None
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[dict] = None
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -610,14 +619,6 @@ class TokenizeRequest(_Model):
     @property
     def text(self) -> Optional[str]:
         return self.prompt if self.prompt is not None else self.content
-
-    def as_template_request(self) -> TemplateRequest:
-        fields = {"messages": self.messages, "chat_template": self.chat_template,
-                  "chat_template_kwargs": self.chat_template_kwargs,
-                  "continue_final_message": self.continue_final_message}
-        if self.add_generation_prompt is not None:
-            fields["add_generation_prompt"] = self.add_generation_prompt
-        return TemplateRequest(**fields)
 
 
 class DetokenizeRequest(_Model):

@@ -35,11 +35,10 @@ class ServedModel:
                     trust_request_chat_template: bool = False, pooling: str = "last",
                     normalize_embeddings: bool = True, tool_call_parser: Optional[str] = None,
                     aliases: tuple[str, ...] = ()) -> "ServedModel":
-        llm = engine.llm
-        cfg, hp = llm.engine.config, llm.engine.hparams
-        template = chat_template if chat_template is not None else _model_template(llm.engine.metadata)
-        return cls(name or _file_stem(llm.model_path), engine, engine.tokenizer,
-                   min(cfg["n_ctx"], cfg["num_kv_blocks"] * cfg["block_size"]), int(cfg.get("max_num_seqs", 64)),
+        cfg, hp = engine.config, engine.hparams
+        template = chat_template if chat_template is not None else _model_template(engine.metadata)
+        return cls(name or _file_stem(engine.model_path), engine, engine.tokenizer,
+                   engine.max_model_len, cfg["max_num_seqs"],
                    _longest_token(engine.tokenizer, hp["n_vocab"]), template,
                    "" if template is not None else _NO_TEMPLATE, trust_request_chat_template, int(time.time()),
                    hp["n_embd"], pooling, normalize_embeddings, tool_call_parser,

@@ -9,7 +9,7 @@ import trio
 from .chat_template import ChatTemplate, ChatTemplateError, decode_tool_call_arguments
 from .context import RequestContext
 from .errors import bad_request
-from .protocol import ChatCompletionRequest, ChatMessage
+from .protocol import ChatCompletionRequest, ChatPrompt
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                         ChoiceLogprobs, DeltaMessage, Usage, now)
 from .served_model import ServedModel
@@ -28,15 +28,13 @@ class ChatServing:
                      ctx: RequestContext) -> Union[ChatCompletionResponse, AsyncIterator[bytes]]:
         self.model.check_name(req.model)
         self.model.check_text_size(req.text_bytes(), "messages")
-        plan = ToolPlan.of(req, self.tool_parser(req.chat_template))
+        plan = self.tool_plan(req)
         await check_constraint(self.model, plan.check(), "tools")
         req.use_tools(plan.constraint())
         if plan.reads_markers and req.skip_special_tokens is None:
             req.skip_special_tokens = False  # [TOOL_CALLS], <|python_tag|>: control tokens the parser must see
-        text = await self.render(req.messages, req.chat_template, req.chat_template_kwargs,
-                                 req.add_generation_prompt, req.continue_final_message, plan)
+        ids = await self.prompt_ids(req, plan)
         rid = ctx.response_id("chatcmpl")
-        ids = self.encode_rendered(text, req.add_special_tokens)
         requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages")
         shape = _Shapes(self.model, req, rid, requests[0].params.n, ids, plan)
         if not req.stream:
@@ -50,31 +48,37 @@ class ChatServing:
         source = template if template is not None else self.model.chat_template
         return _detect(source) if source is not None else None
 
-    async def render(self, messages: list[ChatMessage], template: Optional[str], kwargs: Optional[dict],
-                     add_generation_prompt: bool = True, continue_final_message: Optional[bool] = None,
-                     plan: Optional[ToolPlan] = None) -> str:
-        """The prompt text, rendered in a worker thread (a template may be slow); with continue_final_message,
-        cut after the last message's content, which the model then continues. `plan`: the request's tools
-        (in the template's `tools`, or written into the messages for a template that knows none)."""
+    def tool_plan(self, req: ChatPrompt) -> ToolPlan:
+        """What the request's tools make of its prompt and its output, for the template it renders with."""
+        return ToolPlan.of(req, self.tool_parser(req.chat_template))
+
+    async def prompt_ids(self, req: ChatPrompt, plan: ToolPlan) -> list[int]:
+        """The token ids the model gets for the request (chat completions, /tokenize with messages)."""
+        return self.encode_rendered(await self.render(req, plan), req.add_special_tokens)
+
+    async def render(self, req: ChatPrompt, plan: ToolPlan) -> str:
+        """The one rendering of a chat prompt (chat completions, /apply-template, /tokenize): the messages
+        (the tools written into them for a template that knows none), the template's `tools`, its kwargs,
+        in a worker thread (a template may be slow); with continue_final_message, cut after the last
+        message's content, which the model then continues."""
+        template = req.chat_template
         kind = self._template_kind(template)
         source = template if template is not None else self.model.chat_template
         special = self.model.tokenizer.special_texts()
-        dicts = decode_tool_call_arguments([m.for_template() for m in messages])
-        if plan is not None:
-            dicts = plan.messages(dicts)
-        tools = plan.template_tools() if plan is not None else None
+        dicts = plan.messages(decode_tool_call_arguments([m.for_template() for m in req.messages]))
+        tools = plan.template_tools()
 
         def work() -> str:
             t = kind(source, bos_token=special.get("bos_token") or None, eos_token=special.get("eos_token") or None)
-            return t.render(dicts, add_generation_prompt=add_generation_prompt, tools=tools,
-                            chat_template_kwargs=kwargs)
+            return t.render(dicts, add_generation_prompt=req.add_generation_prompt, tools=tools,
+                            chat_template_kwargs=req.chat_template_kwargs)
 
         try:
             text = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
         except ChatTemplateError as e:
             raise bad_request(str(e), param="chat_template" if template is not None else "messages",
                               code="chat_template_error") from None
-        return _open_final_message(text, dicts[-1]) if continue_final_message else text
+        return _open_final_message(text, dicts[-1]) if req.continue_final_message else text
 
     def _template_kind(self, template: Optional[str]) -> type:
         if template is None:

@@ -226,28 +226,58 @@ def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
     return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
 
 
-def completion_logprobs(model: ServedModel, token_ids: list[int], entries: list, k: int,
-                        offset: int) -> tuple[CompletionLogprobs, int]:
-    """Completions' logprobs: each token's text, its logprob, its top-k as {text: logprob} with the token
-    itself always among them (so up to k + 1 entries, as OpenAI), its text offset. Returns them with the
-    offset after the last token. An entry may be None (an echoed prompt's first token: nothing precedes it),
-    and its logprob and top are then null, as lm-eval reads them."""
+def token_pieces(model: ServedModel, token_ids: list[int], skip_special: bool, fresh: bool = False,
+                 silent_last: bool = False) -> list[str]:
+    """The one rule of a completion's `text`, `tokens` and `text_offset`, echoed prompt and generated part
+    alike: each token's entry is what it adds to `text`, so the running length of the entries is where each
+    starts. A token adds its own text, but "" for a special (control / unknown) token while
+    skip_special_tokens is on (the default, as the generated text already does: an echoed `<bos>` adds
+    nothing, the echo starts with the prompt, and lm-eval still gets one entry per prompt token), "" for the
+    stop token that ends a choice (`silent_last`: it writes no text), and where nothing precedes it
+    (`fresh`) the first text loses a SentencePiece space prefix, as decode and the detokenizer drop it."""
+    out = []
+    for tid in token_ids:
+        b = model.tokenizer.piece(tid, skip_special)
+        if fresh and b:
+            fresh = False
+            if model.tokenizer.add_space_prefix and b[:1] == b" ":
+                b = b[1:]
+        out.append(b.decode("utf-8", errors="replace"))
+    if silent_last and out:
+        out[-1] = ""
+    return out
+
+
+def completion_logprobs(model: ServedModel, token_ids: list[int], pieces: list[str], entries: list, k: int,
+                        skip_special: bool, offset: int) -> tuple[CompletionLogprobs, int]:
+    """Completions' logprobs: each token's entry (`pieces`, token_pieces' rule), its logprob, its top-k as
+    {text: logprob} with the token itself always among them (so up to k + 1 entries, as OpenAI), its text
+    offset. Returns them with the offset after the last token. An entry may be None (an echoed prompt's
+    first token: nothing precedes it), and its logprob and top are then null, as lm-eval reads them."""
     tokens, token_lps, tops, offsets = [], [], [], []
-    for tid, entry in zip(token_ids, entries):
-        text, _ = model.token_text(tid)
+    for tid, text, entry in zip(token_ids, pieces, entries):
         tokens.append(text)
         token_lps.append(None if entry is None else entry.get(tid))
-        tops.append(None if entry is None else _tops_with(model, entry, tid, k))
+        tops.append(None if entry is None else _tops_with(model, entry, tid, text, k, skip_special))
         offsets.append(offset)
         offset += len(text)
     return CompletionLogprobs.model_construct(tokens=tokens, token_logprobs=token_lps, top_logprobs=tops,
                                               text_offset=offsets), offset
 
 
-def _tops_with(model: ServedModel, entry: dict, tid: int, k: int) -> dict[str, float]:
-    top = dict(_top(entry, k))
-    top.setdefault(tid, entry.get(tid))
-    return {model.token_text(t)[0]: v for t, v in top.items()}
+def _tops_with(model: ServedModel, entry: dict, tid: int, name: str, k: int, skip_special: bool) -> dict[str, float]:
+    """The top-k named by the same rule (a special alternative "" while skip_special_tokens is on), the token
+    under its own `tokens` entry with its own logprob even where another shares that name: lm-eval's greedy
+    check compares the best key with the token."""
+    ranked = _top(entry, k)
+    if all(t != tid for t, _ in ranked):
+        ranked.append((tid, entry.get(tid)))
+    out: dict[str, float] = {}
+    for t, v in ranked:
+        key = name if t == tid else token_pieces(model, [t], skip_special)[0]
+        if t == tid or key not in out:
+            out[key] = v
+    return out
 
 
 def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: list, k: int) -> list:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Optional, Union
 
+from ..engine.output_processor import RequestState
 from .context import RequestContext
 from .protocol import CompletionRequest
 from .responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage, now
 from .served_model import ServedModel
-from .serving_common import (Choice, collect, completion_logprobs, engine_requests, stream_events,
+from .serving_common import (Choice, collect, completion_logprobs, engine_requests, stream_events, token_pieces,
                              vllm_prompt_logprobs)
 
 
@@ -21,7 +22,7 @@ class CompletionServing:
         prompts = [self._ids(p, req.add_special_tokens is not False) for p in req.prompts]
         rid = ctx.response_id("cmpl")
         requests, ticket = await engine_requests(self.model, ctx, rid, req, prompts, "prompt")
-        shape = _Shapes(self.model, req, rid, prompts)
+        shape = _Shapes(self.model, req, rid, prompts, _silent_ids(self.model, requests[0].params))
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
@@ -33,34 +34,53 @@ class CompletionServing:
         return self.model.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
 
 
-class _Shapes:
-    """The response and chunk shapes of one completions request."""
+def _silent_ids(model: ServedModel, params) -> frozenset:
+    """The ids that end a choice ("stop") without writing text: the output processor's own set."""
+    return RequestState.for_params(model.tokenizer, [], params).stop_ids
 
-    def __init__(self, model: ServedModel, req: CompletionRequest, rid: str, prompts: list[list[int]]):
+
+class _Shapes:
+    """The response and chunk shapes of one completions request. Its text, `tokens` and `text_offset` follow
+    one rule (serving_common.token_pieces): the echo is the prompt's pieces joined, each entry a piece."""
+
+    def __init__(self, model: ServedModel, req: CompletionRequest, rid: str, prompts: list[list[int]],
+                 silent_ids: frozenset):
         self.model, self.req, self.rid, self.created = model, req, rid, now()
-        self.texts = req.prompts  # the echo of a text prompt is its text; of ids, their decoding
-        self.prompts = prompts
+        self.prompts, self.silent_ids = prompts, silent_ids
+        self.skip = req.skip_special_tokens is not False
+        self.echoes = [token_pieces(model, p, self.skip, fresh=True) for p in prompts] if req.echo else None
+        # a choice's text starts fresh (a space prefix dropped) where its prompt writes none, as the detokenizer
+        self.blank = [model.tokenizer.add_space_prefix and not any(model.tokenizer.piece(t, self.skip) for t in p)
+                      for p in prompts]
+        self.fresh: dict[int, bool] = {}  # choice → no text yet
         self.offsets: dict[int, int] = {}  # choice → text offset of its next token
 
     def echo(self, index: int) -> str:
-        p = index // self.req.n_choices
-        if isinstance(self.texts[p], str):
-            return self.texts[p]
-        return self.model.tokenizer.decode(self.prompts[p], skip_special=self.req.skip_special_tokens is not False)
+        return "".join(self.echoes[index // self.req.n_choices])
 
-    def _logprobs(self, token_ids: list[int], entries: list[dict], offset: int):
+    def _pieces(self, idx: int, token_ids: list[int], finish: Optional[str]) -> list[str]:
+        """What the choice's next tokens add to its text; the one that ends it "stop" adds nothing."""
+        silent = finish == "stop" and bool(token_ids) and token_ids[-1] in self.silent_ids
+        fresh = self.fresh.get(idx, self.blank[idx // self.req.n_choices])
+        pieces = token_pieces(self.model, token_ids, self.skip, fresh, silent)
+        self.fresh[idx] = fresh and not any(pieces)
+        return pieces
+
+    def _logprobs(self, idx: int, token_ids: list[int], entries: list[dict], offset: int, finish: Optional[str]):
         """(the logprobs of these tokens or None, the text offset after them)."""
         if self.req.logprobs is None:
             return None, offset
-        return completion_logprobs(self.model, token_ids, entries, self.req.logprobs, offset)
+        return completion_logprobs(self.model, token_ids, self._pieces(idx, token_ids, finish), entries,
+                                   self.req.logprobs, self.skip, offset)
 
     def _with_prompt(self, idx: int, plp: Optional[list], lp):
         """Echo + logprobs: the prompt tokens' entries (first None) ahead of the generated ones, and the offset
-        after the prompt part (token texts, as vLLM counts them); else (lp, None)."""
+        after the prompt part (the echo's length); else (lp, None)."""
         if not (self.req.echo and lp is not None and plp is not None):
             return lp, None
-        head, end = completion_logprobs(self.model, self.prompts[idx // self.req.n_choices], plp,
-                                        self.req.logprobs, 0)
+        p = idx // self.req.n_choices
+        head, end = completion_logprobs(self.model, self.prompts[p], self.echoes[p], plp, self.req.logprobs,
+                                        self.skip, 0)
         return _joined(head, lp, end), end
 
     def _extras(self, idx: int, plp: Optional[list]) -> dict:
@@ -80,7 +100,7 @@ class _Shapes:
         for idx in sorted(choices):
             c = choices[idx]
             text = (self.echo(idx) if self.req.echo else "") + c.text
-            lp, _ = self._logprobs(c.token_ids, c.logprobs, 0)
+            lp, _ = self._logprobs(idx, c.token_ids, c.logprobs, 0, c.finish_reason)
             lp, _ = self._with_prompt(idx, c.prompt_logprobs, lp)
             out.append(CompletionChoice.model_construct(index=idx, text=text, finish_reason=c.finish_reason,
                                                         logprobs=lp, **self._extras(idx, c.prompt_logprobs)))
@@ -100,7 +120,8 @@ class _Shapes:
         """A chunk for text, for the end, and for tokens whose logprobs were asked even while their text is
         held back (a partial UTF-8 character, a possible stop string): every entry goes out once, in order."""
         first = idx not in self.offsets
-        lp, self.offsets[idx] = self._logprobs(out.token_ids_delta, out.logprobs_delta or [], self.offsets.get(idx, 0))
+        lp, self.offsets[idx] = self._logprobs(idx, out.token_ids_delta, out.logprobs_delta or [],
+                                               self.offsets.get(idx, 0), out.finish_reason)
         if first:
             lp, end = self._with_prompt(idx, out.prompt_logprobs, lp)
             if end is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..engine.structured import StructuredOutputsParams, map_schemas
-from .protocol import ChatCompletionRequest
+from .protocol import ChatPrompt
 from .tool_parsers import ToolParser, get_tool_parser
 
 ENVELOPE_PARSER = "json_envelope"
@@ -40,7 +40,7 @@ class ToolPlan:
     parser_name: Optional[str]     # native auto: the family's parser
 
     @classmethod
-    def of(cls, req: ChatCompletionRequest, template_parser: Optional[str]) -> "ToolPlan":
+    def of(cls, req: ChatPrompt, template_parser: Optional[str]) -> "ToolPlan":
         """template_parser: the parser of the template's tool-call family (None: it knows no tools)."""
         mode = req.tool_mode()
         tools = [t.function.model_dump(exclude_none=True) for t in req.tools or ()]

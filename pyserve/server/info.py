@@ -26,17 +26,16 @@ def server_info(state) -> dict:
                 "max_waiting": edge.queue.max_waiting, "max_queue_wait": edge.queue.max_queue_wait}}
     if state.loaded is not None:
         m = state.loaded.model
-        llm = m.engine.llm
         # served_model_name (SGLang's key): the name a router lists and sends; sglang-router falls back to
         # model_path (the GGUF file here) without it, and replicas refuse that name (tests/test_router.py)
-        info.update({"served_model_name": m.name, "model_path": llm.model_path, "engine_config": llm.engine.config,
+        info.update({"served_model_name": m.name, "model_path": m.engine.model_path, "engine_config": m.engine.config,
                      "max_model_len": m.max_model_len, "stats": m.engine.stats(), "chat_template": m.chat_template,
-                     **limits(llm.engine.config)})
+                     **limits(m.engine.config)})
     return info
 
 
 def model_info(model: ServedModel) -> dict:
-    llm = model.engine.llm
-    meta = {k: v for k, v in llm.engine.metadata.items() if k not in _BIG_KEYS}
-    return {"model": model.name, "path": llm.model_path, "hparams": llm.engine.hparams, "metadata": meta,
+    engine = model.engine
+    meta = {k: v for k, v in engine.metadata.items() if k not in _BIG_KEYS}
+    return {"model": model.name, "path": engine.model_path, "hparams": engine.hparams, "metadata": meta,
             **sglang_model_info(model)}  # sglang-router reads model_type and architectures here

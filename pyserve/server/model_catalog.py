@@ -14,10 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .. import _engine
+from ..engine.options import EngineOptions
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})$")
-BLOCK_SIZE = 16  # tokens per KV block (the engine's default, which the server keeps)
 
 
 @dataclass
@@ -25,7 +24,7 @@ class ModelSpec:
     name: str
     path: str  # the GGUF file ("" in a --models-config table without one: the --models-dir file of that name)
     aliases: tuple[str, ...] = ()
-    engine: dict = field(default_factory=dict)  # LLM options over the flags' (n_ctx, n_threads, …)
+    engine: dict = field(default_factory=dict)  # EngineOptions fields over the flags' (n_ctx, n_threads, …)
     chat_template: Optional[str] = None  # the template's source; None: the server's default
     parts: int = 1  # files of a split model
 
@@ -44,9 +43,9 @@ class Catalog:
     lookups read the maps it last swapped in."""
 
     def __init__(self, fixed: list[ModelSpec], models_dir: Optional[str] = None,
-                 settings: Optional[dict[str, ModelSpec]] = None, engine: Optional[dict] = None):
+                 settings: Optional[dict[str, ModelSpec]] = None, engine: Optional[EngineOptions] = None):
         self.models_dir = models_dir
-        self.engine = dict(engine or {})  # the flags' engine options, the default of every model's
+        self.engine = engine or EngineOptions.serving()  # the flags' engine options, the default of every model's
         self._fixed = fixed
         self._settings = settings or {}  # --models-config tables without a path, by the folder file they set up
         self._specs: dict[str, ModelSpec]
@@ -107,11 +106,10 @@ class Catalog:
             return ModelFacts(signature, error=f"a split GGUF ({spec.parts} files) cannot be loaded: merge it into "
                                                f"one file (llama-gguf-split --merge)")
         try:
-            metadata = _engine.read_gguf(spec.path)[0]
-            n_ctx, blocks, per_block = kv_geometry(metadata, self.options(spec))
-        except (ValueError, KeyError, TypeError, OSError) as e:  # GGUFError is a ValueError
+            kv = self.options(spec).kv_geometry(spec.path)  # the engine's own rule, from the header
+        except (ValueError, TypeError, OSError) as e:  # GGUFError and ModelError are ValueErrors
             return ModelFacts(signature, error=str(e) or type(e).__name__)
-        return ModelFacts(signature, min(n_ctx, blocks * BLOCK_SIZE), st.st_size + blocks * per_block,
+        return ModelFacts(signature, kv["max_model_len"], st.st_size + kv["num_kv_blocks"] * kv["bytes_per_block"],
                           int(st.st_mtime))
 
     # ---- lookups ----
@@ -134,25 +132,6 @@ class Catalog:
     def facts(self, name: str) -> ModelFacts:
         return self._facts.get(name) or ModelFacts(error="not read yet")
 
-    def options(self, spec: ModelSpec) -> dict:
-        """The LLM options it is loaded with."""
-        return {**self.engine, **spec.engine}
-
-
-def kv_geometry(metadata: dict, options: dict) -> tuple[int, int, int]:
-    """(context length, KV blocks, bytes per block) the engine will choose for this model and these options:
-    the rules of csrc/engine.cpp (Engine::Engine, default_blocks) and kv_cache.h, for listing a model before
-    it is loaded."""
-    a = metadata["general.architecture"] + "."
-    n_ctx = options.get("n_ctx") or min(int(metadata.get(a + "context_length", 4096)), 8192)
-    n_head = int(metadata[a + "attention.head_count"])
-    head_dim = int(metadata.get(a + "attention.key_length", int(metadata[a + "embedding_length"]) // n_head))
-    kv_dim = int(metadata.get(a + "attention.head_count_kv", n_head)) * head_dim
-    per_block = 2 * int(metadata[a + "block_count"]) * BLOCK_SIZE * kv_dim * 2  # K and V, fp16
-    if options.get("num_kv_blocks"):
-        blocks = options["num_kv_blocks"]
-    elif options.get("kv_cache_memory"):
-        blocks = max(1, options["kv_cache_memory"] // per_block)
-    else:
-        blocks = max((512 << 20) // per_block, -(-n_ctx // BLOCK_SIZE))
-    return n_ctx, blocks, per_block
+    def options(self, spec: ModelSpec) -> EngineOptions:
+        """The engine options it is loaded with: the flags', its table's over them."""
+        return self.engine.replace(**spec.engine)

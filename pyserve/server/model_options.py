@@ -1,8 +1,9 @@
 """What the command line and `--models-config FILE` say about the models: the Catalog `pyserve serve` serves.
 
 `--model PATH` or `--model NAME=PATH` (repeatable), `--models-dir DIR`, and a config file of one table per
-model (TOML; YAML when PyYAML is installed) whose keys are the serve flags' names: a flag is the default of
-every model, a table's key overrides it for its model.
+model (TOML; YAML when PyYAML is installed) whose keys are the engine flags' names (EngineOptions'
+`Option.key`: every engine option can be set per model): a flag is the default of every model, a table's key
+overrides it for its model.
 
     [chat]                        # served as "chat"
     path = "gemma-3-270m.gguf"    # relative to this file's folder; without a path the table sets up the
@@ -28,24 +29,10 @@ if sys.version_info >= (3, 11):
 else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
+from ..engine.options import BY_KEY, EngineOptions, parse_value
 from .model_catalog import Catalog, ModelSpec
 
-_ENGINE_KEYS = {"ctx_size": "n_ctx", "threads": "n_threads", "num_kv_blocks": "num_kv_blocks",
-                "kv_cache_memory": "kv_cache_memory", "max_num_seqs": "max_num_seqs",
-                "max_num_batched_tokens": "max_num_batched_tokens", "speculative_ngram": "speculative_ngram"}
-_KEYS = ("path", "aliases", "chat_template", *_ENGINE_KEYS)
-
-
-def byte_size(value) -> int:
-    """A byte count: an int, or text with an optional K/M/G/T suffix (powers of 1024): "256M", "1.5G"."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    t = str(value).strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
-    try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise ValueError(f"not a size in bytes: {value!r}") from None
+_KEYS = ("path", "aliases", "chat_template", *BY_KEY)
 
 
 def file_stem(path: str) -> str:
@@ -95,13 +82,7 @@ def _table_spec(name: str, table, base: str, path: str) -> ModelSpec:
     unknown = sorted(set(table) - set(_KEYS))
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
-    engine = {}
-    for key, option in _ENGINE_KEYS.items():
-        if key in table:
-            value = byte_size(table[key]) if key == "kv_cache_memory" else table[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{where}: {key} must be a non-negative integer")
-            engine[option] = value
+    engine = _table_engine(table, where)
     aliases = table.get("aliases", [])
     aliases = [aliases] if isinstance(aliases, str) else aliases
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
@@ -114,8 +95,18 @@ def _table_spec(name: str, table, base: str, path: str) -> ModelSpec:
     return ModelSpec(name, model_path, tuple(aliases), engine, template)
 
 
+def _table_engine(table: dict, where: str) -> dict:
+    """The engine options a table sets (EngineOptions fields), checked by EngineOptions' own rules."""
+    try:
+        engine = {f.name: parse_value(f, table[key]) for key, f in BY_KEY.items() if key in table}
+        EngineOptions(**engine)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return engine
+
+
 def build_catalog(models: list[str], models_dir: Optional[str], models_config: Optional[str],
-                  served_names: list[str], engine: dict) -> Catalog:
+                  served_names: list[str], engine: EngineOptions) -> Catalog:
     """The catalog, its files' headers read. Runs off the event loop: without any model given, the default
     model's file is assembled (and checked) from its package."""
     fixed = [model_arg(m) for m in models]

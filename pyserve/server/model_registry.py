@@ -106,7 +106,7 @@ class ModelRegistry:
     def add_open(self, serving) -> None:
         """An engine the caller opened (and closes): served for good, never unloaded."""
         model = serving.model
-        m = _Model(ModelSpec(model.name, model.engine.llm.model_path, model.aliases), 0, None, pinned=True)
+        m = _Model(ModelSpec(model.name, model.engine.model_path, model.aliases), 0, None, pinned=True)
         m.serving, m.state = serving, READY
         m.done.set()
         self._models[model.name] = m
@@ -302,7 +302,7 @@ class ModelRegistry:
             self._load_failures.labels(name).inc()
         finally:
             if m.engine is not None:  # stopped, every abort applied: what it still holds is a leak
-                s = m.engine.llm.engine.stats()
+                s = m.engine.stats()
                 log.info("model %s: engine stopped: %d running, %d waiting, %d kv blocks in use", name,
                          s["running"], s["waiting"], s["blocks_used"])
                 m.engine = None
@@ -318,7 +318,7 @@ class ModelRegistry:
 
     async def _serve(self, m: _Model, t0: float) -> None:
         name = m.spec.name
-        async with AsyncLLM.open(m.spec.path, **self.catalog.options(m.spec)) as engine:
+        async with AsyncLLM.open(m.spec.path, options=self.catalog.options(m.spec)) as engine:
             m.engine = engine
             m.serving = await trio.to_thread.run_sync(self._build, engine, m.spec)
             await trio.to_thread.run_sync(_give_back_memory)  # what the load built and dropped (tables, copies)

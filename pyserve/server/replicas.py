@@ -111,7 +111,7 @@ class Supervisor:
         keys = load_keys(args.api_key or [], args.api_key_file)
         self.auth = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
         self.host, self.port, self.model = args.host, args.port, ""
-        self.replicas = [Replica(rest, port, cores, args.threads or len(cores))
+        self.replicas = [Replica(rest, port, cores, args.n_threads or len(cores))
                          for port, cores in zip(free_ports(len(shares)), shares)]
         self.router_args = ["--host", args.host, "--port", str(args.port), "--log-level", "warn",
                             *(["--api-key", keys[0]] if keys else []),

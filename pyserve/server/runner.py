@@ -23,6 +23,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from ..engine.options import EngineOptions
 from . import connection
 from .app import create_app
 from .auth import load_keys
@@ -30,15 +31,6 @@ from .config import ServerConfig
 from .model_options import build_catalog
 
 log = logging.getLogger("pyserve.server")
-# The step-time target of `pyserve serve` (docs/BENCHMARKS.md: how it was chosen): a step beside running
-# streams takes only the prompt tokens that keep it under this, so inter-token latency stays steady while
-# new prompts still go in, in big chunks when nothing streams
-DEFAULT_TARGET_ITL = 0.020
-# Speculative decoding by prompt lookup: drafted tokens per sequence and step at most (docs/BENCHMARKS.md: how
-# it was chosen; 0: off). Outputs are bit-identical either way; a stream whose text does not copy stops drafting.
-DEFAULT_SPECULATIVE_NGRAM = 7
-
-
 @dataclass
 class ServeOptions:
     models: list = field(default_factory=list)  # each PATH or NAME=PATH; none (and no models_dir): the default
@@ -66,14 +58,7 @@ class ServeOptions:
     keep_alive_timeout: float = 15.0
     drain_timeout: float = 30.0
     stalled_client_timeout: float = 30.0
-    n_threads: int = 0
-    n_ctx: int = 0
-    num_kv_blocks: int = 0
-    kv_cache_memory: int = 0
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # per step at most (a hard cap; target_itl sizes prompt chunks under it)
-    target_itl: float = DEFAULT_TARGET_ITL  # seconds a step beside decodes aims at (0: the token budget alone)
-    speculative_ngram: int = DEFAULT_SPECULATIVE_NGRAM  # drafted tokens per step at most (0: no speculation)
+    engine: EngineOptions = field(default_factory=EngineOptions.serving)  # every model's, unless its table says
     trust_request_chat_template: bool = False
     pooling: str = "last"
     normalize_embeddings: bool = True
@@ -161,12 +146,8 @@ async def _drain(state, signals: _Signals, timeout: float) -> None:
 
 
 async def _run_models(opts: ServeOptions, state, signals: _Signals, url: str, task_status) -> None:
-    engine_opts = dict(n_threads=opts.n_threads, n_ctx=opts.n_ctx, num_kv_blocks=opts.num_kv_blocks,
-                       kv_cache_memory=opts.kv_cache_memory, max_num_seqs=opts.max_num_seqs,
-                       max_num_batched_tokens=opts.max_num_batched_tokens, target_itl=opts.target_itl,
-                       speculative_ngram=opts.speculative_ngram)
     catalog = await trio.to_thread.run_sync(partial(build_catalog, list(opts.models), opts.models_dir,
-                                                    opts.models_config, list(opts.served_model_name), engine_opts))
+                                                    opts.models_config, list(opts.served_model_name), opts.engine))
     names = catalog.names()
     preload = list(opts.preload) or (names if len(names) == 1 and not catalog.dynamic else [])
     state.serve_models(catalog, preload)

@@ -26,13 +26,13 @@ def limits(engine_config: dict) -> dict:
     in a batch, tokens per engine step (a prompt chunk), one data-parallel rank."""
     c = engine_config
     return {"dp_size": 1, "max_total_tokens": c["num_kv_blocks"] * c["block_size"],
-            "max_running_requests": c["max_num_seqs"], "max_prefill_tokens": c["max_batched_tokens"]}
+            "max_running_requests": c["max_num_seqs"], "max_prefill_tokens": c["max_num_batched_tokens"]}
 
 
 def sglang_model_info(model: ServedModel) -> dict:
     """SGLang's /get_model_info. model_type and architectures: the GGUF's `general.architecture` (e.g.
     "gemma3"), not a Hugging Face class name (a GGUF has none); the routers only label workers with them."""
-    arch = str(model.engine.llm.engine.metadata.get("general.architecture", "")) or None
+    arch = str(model.engine.metadata.get("general.architecture", "")) or None
     return {"model_path": model.name, "tokenizer_path": model.name, "is_generation": True,
             "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
             "has_audio_understanding": False, "model_type": arch, "architectures": [arch] if arch else None}
@@ -57,4 +57,4 @@ def add_worker_routes(app, state) -> None:
     @app.get("/get_load")
     async def get_load():
         engine = (await state.serving(None)).model.engine  # the default model's (several: see /metrics)
-        return json_response(load(engine.stats(), engine.llm.engine.config["block_size"]))
+        return json_response(load(engine.stats(), engine.config["block_size"]))

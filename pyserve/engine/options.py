@@ -1,0 +1,145 @@
+"""EngineOptions: the one definition of the engine's options.
+
+`LLM`, `AsyncLLM.open`, `pyserve serve` / `pyserve generate` (their flags and help are generated from these
+fields: `Option.flag`), and `--models-config` tables (their keys: `Option.key`) all take them from here; the
+C++ EngineConfig (csrc/engine.h) has the same names and defaults (tests/test_engine_options.py holds them
+together) and its check (`_engine.check_engine_config`) is the rule for their values. A new option is one
+field here and one in EngineConfig.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .. import _engine
+
+
+def byte_size(value) -> int:
+    """A byte count: an int, or text with an optional K/M/G/T suffix (powers of 1024): "256M", "1.5G"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    t = str(value).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size in bytes: {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one option is spelled outside Python: its flag, its help, how text becomes its value, and what
+    `pyserve serve` defaults it to when that differs from the offline API's default."""
+    flag: str
+    help: str
+    parse: Optional[Callable[[Any], Any]] = None  # text (or a config file's value) → value; None: the field's type
+    serve_default: Any = None  # None: the field's default
+    metavar: Optional[str] = None
+    exclusive: str = ""  # flags of the same group exclude each other
+    zero_means: str = ""  # what a default of 0 stands for, in the help
+
+    @property
+    def key(self) -> str:
+        """Its key in a --models-config table: the flag's name, '_' for '-'."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+def _option(default, flag: str, help: str, **kw):
+    return field(default=default, metadata={"option": Option(flag, help, **kw)})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    n_threads: int = _option(0, "--threads", "engine threads", zero_means="one per core")
+    n_ctx: int = _option(0, "--ctx-size", "max tokens per sequence", zero_means="the model's, at most 8192")
+    num_kv_blocks: int = _option(0, "--num-kv-blocks", "KV cache blocks (of --block-size tokens)", exclusive="kv",
+                                 zero_means="from --kv-cache-memory")
+    kv_cache_memory: int = _option(0, "--kv-cache-memory", "KV cache size in bytes (K/M/G suffixes allowed)",
+                                   parse=byte_size, metavar="BYTES", exclusive="kv",
+                                   zero_means="512M, and at least one full context")
+    block_size: int = _option(16, "--block-size", "tokens per KV cache block")
+    max_num_seqs: int = _option(64, "--max-num-seqs", "sequences running at once at most")
+    max_num_batched_tokens: int = _option(
+        512, "--max-num-batched-tokens", "tokens per engine step at most; with --target-itl a hard cap, without "
+        "it the budget (a smaller one cuts prompts into more chunks, so streams wait less)")
+    enable_prefix_caching: bool = _option(True, "--enable-prefix-caching",
+                                          "reuse the KV blocks of prompt prefixes seen before")
+    # The serve default (docs/BENCHMARKS.md: how it was chosen): a step beside running streams takes only the
+    # prompt tokens that keep it under this, so inter-token latency stays steady while new prompts still go in
+    target_itl: float = _option(
+        0.0, "--target-itl", "step-time target while streams run: each step takes only the prompt tokens that "
+        "keep its predicted time under this, so inter-token latency holds under load (0: the fixed "
+        "--max-num-batched-tokens budget)", serve_default=0.020, metavar="SECONDS")
+    # The serve default (docs/BENCHMARKS.md): outputs are bit-identical either way; a stream whose text does not
+    # copy stops drafting
+    speculative_ngram: int = _option(
+        0, "--speculative-ngram", "speculative decoding by prompt lookup: each step drafts up to K tokens per "
+        "stream from earlier text that its last tokens match, verified in the same forward pass; outputs are "
+        "unchanged, bit for bit (0: off)", serve_default=7, metavar="K")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
+        _engine.check_engine_config(**self.as_dict())  # the engine's rules: ValueError naming the field
+
+    @classmethod
+    def serving(cls, **overrides) -> "EngineOptions":
+        """The defaults of `pyserve serve` (serve_default where a field has one), then `overrides`."""
+        base = {f.name: option(f).serve_default for f in dataclasses.fields(cls)
+                if option(f).serve_default is not None}
+        return cls(**{**base, **overrides})
+
+    @classmethod
+    def from_config(cls, config: dict) -> "EngineOptions":
+        """The options as an engine resolved them (Engine.config: n_threads, n_ctx, num_kv_blocks filled in)."""
+        return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes) -> "EngineOptions":
+        """A copy with `changes` (field names); TypeError naming an unknown one."""
+        unknown = sorted(set(changes) - set(FIELDS))
+        if unknown:
+            raise TypeError(f"unknown engine option {unknown[0]!r} (known: {', '.join(FIELDS)})")
+        return dataclasses.replace(self, **changes)
+
+    def kv_geometry(self, path: str) -> dict:
+        """What an engine with these options makes of the model at `path`, from its header alone: {n_ctx,
+        num_kv_blocks, block_size, bytes_per_block, max_model_len, hparams}. Raises what loading would
+        (GGUFError / ModelError / ValueError)."""
+        return _engine.kv_geometry(path, **self.as_dict())
+
+
+def option(f: dataclasses.Field) -> Option:
+    return f.metadata["option"]
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(EngineOptions))
+BY_KEY = {option(f).key: f for f in dataclasses.fields(EngineOptions)}  # --models-config key → field
+
+
+def parse_value(f: dataclasses.Field, value):
+    """A flag's text or a config file's value → the field's value; ValueError naming the option."""
+    opt = option(f)
+    try:
+        if opt.parse is not None:
+            return opt.parse(value)
+        if f.type in ("bool", bool) and isinstance(value, str):
+            return {"true": True, "1": True, "false": False, "0": False}[value.strip().lower()]
+        return value if not isinstance(value, str) else {"int": int, "float": float}[str(f.type)](value)
+    except (ValueError, KeyError):
+        raise ValueError(f"{f.name}: expected {_KIND[str(f.type)]}, got {value!r}") from None
+
+
+_KIND = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def _check_type(name: str, value, kind) -> None:
+    kind = str(getattr(kind, "__name__", kind))
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "bool": isinstance(value, bool)}[kind]
+    if not ok:
+        raise ValueError(f"{name} must be {_KIND[kind]}, got {value!r}")
