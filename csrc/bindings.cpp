@@ -343,33 +343,49 @@ py::object embedding_to_py(const std::vector<float>& e) {
   return a;
 }
 
+// A step's outputs cross as StepOutput: a struct sequence (a named tuple made in C, as os.stat_result), so
+// building one costs what a tuple costs and each named field reads at C speed — it is on every token's path.
+PyStructSequence_Field kStepOutputFields[] = {
+    {"request_id", "the engine-side request id"},
+    {"token", "the token drawn (-1: none, e.g. an abort or an embedding)"},
+    {"logprob", "its raw log-probability"},
+    {"top", "[(token, logprob)] of the top alternatives, best first"},
+    {"finish_reason", "'' while the sample goes on, else 'stop', 'length', 'abort' or 'error: …'"},
+    {"n_prompt", "prompt tokens"},
+    {"index", "the sample, 0 … n-1"},
+    {"scheduled_ts", "time.monotonic() of the step that first scheduled it (0: never)"},
+    {"step_ts", "time.monotonic() at the end of this step's forward"},
+    {"n_cached", "prompt tokens the prefix cache served"},
+    {"embedding", "float32 [n_embd] on an embedding's output, else None"},
+    {"prompt_logprobs", "[None, {token: logprob, …} per position 1 …] on the first output of a request that "
+                        "asked for them, else None"},
+    {nullptr, nullptr}};
+PyStructSequence_Desc kStepOutputDesc = {"pyserve._engine.StepOutput", "one sample's output of one engine step",
+                                         kStepOutputFields, 12};
+PyTypeObject* step_output_type = nullptr;
+
+py::object step_output_to_py(StepOutput& o) {
+  PyObject* t = PyStructSequence_New(step_output_type);
+  if (!t) throw py::error_already_set();
+  py::object items[] = {py::str(o.id), py::int_(o.token), py::float_(o.logprob), py::cast(o.top),
+                        py::str(o.finish_reason), py::int_(o.n_prompt), py::int_(o.index),
+                        py::float_(o.scheduled_ts), py::float_(o.step_ts), py::int_(o.n_cached),
+                        embedding_to_py(o.embedding), prompt_logprobs_to_py(o.prompt_logprobs)};
+  for (int i = 0; i < 12; i++) PyStructSequence_SetItem(t, i, items[i].release().ptr());  // steals the reference
+  return py::reinterpret_steal<py::object>(t);
+}
+
 py::list outputs_to_py(std::vector<StepOutput>& outs) {
   py::list l(outs.size());
-  for (size_t i = 0; i < outs.size(); i++) l[i] = py::cast(std::move(outs[i]));
+  for (size_t i = 0; i < outs.size(); i++) l[i] = step_output_to_py(outs[i]);
   return l;
 }
 
 void bind_step_output(py::module_& m) {
-  py::class_<StepOutput>(m, "StepOutput", "one sample's output of one engine step (csrc/engine.h)")
-      .def_readonly("request_id", &StepOutput::id)
-      .def_readonly("token", &StepOutput::token, "the token drawn (-1: none, e.g. an abort or an embedding)")
-      .def_readonly("logprob", &StepOutput::logprob)
-      .def_readonly("top", &StepOutput::top, "[(token, logprob)] of the top alternatives, best first")
-      .def_readonly("finish_reason", &StepOutput::finish_reason, "'' while the sample goes on")
-      .def_readonly("n_prompt", &StepOutput::n_prompt)
-      .def_readonly("index", &StepOutput::index, "the sample, 0 … n-1")
-      .def_readonly("scheduled_ts", &StepOutput::scheduled_ts, "time.monotonic() of its first scheduled step")
-      .def_readonly("step_ts", &StepOutput::step_ts, "time.monotonic() at the end of this step's forward")
-      .def_readonly("n_cached", &StepOutput::n_cached, "prompt tokens the prefix cache served")
-      .def_property_readonly("embedding", [](const StepOutput& o) { return embedding_to_py(o.embedding); },
-                             "float32 [n_embd] on an embedding's output, else None")
-      .def_property_readonly("prompt_logprobs", [](const StepOutput& o) { return prompt_logprobs_to_py(o.prompt_logprobs); },
-                             "[None, {token: logprob, …} per position 1 …] on the first output of a request "
-                             "that asked for them, else None")
-      .def("__repr__", [](const StepOutput& o) {
-        return "StepOutput(" + printable(o.id) + "#" + std::to_string(o.index) + ", token=" + std::to_string(o.token) +
-               ", finish_reason='" + o.finish_reason + "')";
-      });
+  step_output_type = PyStructSequence_NewType(&kStepOutputDesc);
+  if (!step_output_type) throw py::error_already_set();
+  m.attr("StepOutput") = py::reinterpret_steal<py::object>((PyObject*)step_output_type);
+  Py_INCREF(step_output_type);  // the module's reference above, and this file's pointer
 }
 
 py::list engine_step(Engine& e) {
