@@ -60,7 +60,7 @@ def test_every_key_of_a_models_config_table(tmp_path, model_path):
     assert set(keys) | {"num_kv_blocks"} == set(BY_KEY)
     body = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in keys.items())
     (tmp_path / "m.toml").write_text(f'[small]\npath = "{model_path}"\n{body}\n[bad]\npath = "x.gguf"\n')
-    with pytest.raises(ValueError, match=r"\[bad\]: n_ctx must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"\[bad\]: ctx_size must be an integer >= 0"):
         (tmp_path / "bad.toml").write_text('[bad]\npath = "x.gguf"\nctx_size = -1\n')
         read_models_file(str(tmp_path / "bad.toml"))
     spec = read_models_file(str(tmp_path / "m.toml"))[0]

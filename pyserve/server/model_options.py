@@ -100,8 +100,11 @@ def _table_engine(table: dict, where: str) -> dict:
     try:
         engine = {f.name: parse_value(f, table[key]) for key, f in BY_KEY.items() if key in table}
         EngineOptions(**engine)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+    except ValueError as e:  # the engine's message names the field: the table spells it as its key
+        first, _, rest = str(e).partition(" ")
+        field = first.rstrip(":")
+        key = next((k for k, f in BY_KEY.items() if f.name == field), field)
+        raise ValueError(f"{where}: {key}{first[len(field):]} {rest}") from None
     return engine
 
 
