@@ -440,6 +440,10 @@ void bind_engine(py::module_& m) {
            "Engine(path, **options): options named as EngineConfig's fields (unknown: TypeError)")
       .def_property_readonly("hparams", [](const Engine& e) { return hparams_dict(e.hparams()); })
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
+      .def_property_readonly("max_model_len", [](const Engine& e) {
+        const EngineConfig& c = e.config();
+        return KVGeometry{c.n_ctx, c.num_kv_blocks, c.block_size, 0}.max_model_len();
+      }, "tokens one sequence can reach: min(context, the KV pool) (KVGeometry::max_model_len)")
       .def_property_readonly("metadata", [](const Engine& e) { return metadata_dict(e.file()); })
       .def_property("eos_ids", &Engine::eos_ids, &Engine::set_eos_ids)
       .def("abort", &Engine::abort, py::arg("request_id"), py::arg("index") = -1,

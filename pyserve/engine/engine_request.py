@@ -47,15 +47,19 @@ class EngineRequest:
     def submit(self, engine, engine_id: str) -> None:
         """Queues it on an Engine or an EngineLoop (one request for its n samples: the prompt computed once,
         then forked, seed + i per sample); ValueError, nothing queued, for one the engine refuses."""
-        p = self.params
-        engine.add(engine_id, self.prompt_token_ids, p.engine_sampling(), p.max_tokens, p.ignore_eos,
-                   list(p.stop_token_ids), n=p.n, prompt_logprobs=p.prompt_logprobs, grammar=self.grammar)
+        args, kwargs = self._args()
+        engine.add(engine_id, *args, **kwargs, grammar=self.grammar)
 
     def check(self, engine) -> None:
         """Raises the ValueError `submit` would raise (a live id aside), queueing nothing."""
+        args, kwargs = self._args()
+        engine.check_request("check", *args, **kwargs)
+
+    def _args(self) -> tuple[tuple, dict]:
+        """Engine.add's arguments after the id, the grammar aside (check_request takes the same)."""
         p = self.params
-        engine.check_request("check", self.prompt_token_ids, p.engine_sampling(), p.max_tokens, p.ignore_eos,
-                             list(p.stop_token_ids), n=p.n, prompt_logprobs=p.prompt_logprobs)
+        return ((self.prompt_token_ids, p.engine_sampling(), p.max_tokens, p.ignore_eos, list(p.stop_token_ids)),
+                {"n": p.n, "prompt_logprobs": p.prompt_logprobs})
 
     def sample_states(self, tokenizer: Tokenizer) -> list[RequestState]:
         """Each sample's text state (detokenizer, stop strings, logprobs), in index order."""

@@ -60,8 +60,7 @@ class LLM:
     @property
     def max_model_len(self) -> int:
         """Tokens one sequence can reach: min(context, the KV pool)."""
-        c = self.engine.config
-        return min(c["n_ctx"], c["num_kv_blocks"] * c["block_size"])
+        return self.engine.max_model_len
 
     def stats(self) -> dict:
         return self.engine.stats()
