@@ -434,6 +434,7 @@ void Engine::set_row_costs(const std::vector<double>& seconds) {
   row_costs_.seconds = seconds;
   follow_row_costs_ = false;
   scheduler_->set_row_costs(&row_costs_);
+  snapshot_stats();  // stats() shows the costs in force at once, not at the end of the next step
 }
 
 // RowCosts: a fresh sequence of r tokens, every row projected, the least of three forwards, r = 1 … spec_rows.
