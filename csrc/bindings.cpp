@@ -52,11 +52,17 @@ SamplingConfig config_from_kwargs(const py::dict& kw) {
   SamplingConfig c;
   for (auto item : kw) {
     const std::string k = py::str(item.first);
+    const auto wrong = [&] {
+      return std::invalid_argument(k + " has the wrong type or is out of range: " +
+                                   py::repr(item.second).cast<std::string>());
+    };
     try {
       set_sampling(c, k, item.second);
     } catch (const py::cast_error&) {
-      throw std::invalid_argument(k + " has the wrong type or is out of range: " +
-                                  py::repr(item.second).cast<std::string>());
+      throw wrong();
+    } catch (py::error_already_set& e) {  // a logit_bias key int() refuses
+      if (!e.matches(PyExc_ValueError) && !e.matches(PyExc_TypeError)) throw;
+      throw wrong();
     }
   }
   return c;
@@ -66,12 +72,45 @@ SamplingConfig config_from_kwargs(const py::dict& kw) {
 
 namespace {
 
+// A request's `sampling`: a SamplingConfig (built and checked once, SamplingParams keeps it) or a dict of
+// its keys (the native API, converted here).
+SamplingConfig sampling_of(py::handle sampling) {
+  if (py::isinstance<SamplingConfig>(sampling)) return sampling.cast<const SamplingConfig&>();
+  if (!py::isinstance<py::dict>(sampling))
+    throw py::type_error("sampling must be a SamplingConfig or a dict, got " + std::string(Py_TYPE(sampling.ptr())->tp_name));
+  return config_from_kwargs(sampling.cast<py::dict>());
+}
+
+py::dict sampling_bounds() {
+  py::dict d;
+  for (const Bound& b : kSamplingBounds)
+    d[b.name] = py::dict(py::arg("lo") = b.lo, py::arg("hi") = b.hi, py::arg("lo_open") = b.lo_open,
+                         py::arg("hi_open") = b.hi_open, py::arg("rule") = b.rule);
+  return d;
+}
+
 void bind_sampler(py::module_& m) {
   m.def("check_sampling", [](const py::dict& sampling) { check_sampling(config_from_kwargs(sampling)); },
         py::arg("sampling"),
         "Raises ValueError (the message starts with the parameter's name) unless the sampler accepts these "
         "parameters (the kwargs of Sampler / the `sampling` dict of Engine.add); the rules against a "
         "vocabulary (logit_bias ids, logprobs <= n_vocab) are Engine.check_request's.");
+  m.def("sampling_bounds", &sampling_bounds,
+        "-> {name: {lo, hi, lo_open, hi_open, rule}}: the ranges check_sampling applies (hi = inf: finite)");
+  py::class_<SamplingConfig>(m, "SamplingConfig",
+      "A request's sampler parameters, converted and checked once (check_sampling's ValueError at construction); "
+      "Engine.add and check_request take it as `sampling`")
+      .def(py::init([](const py::kwargs& kw) {
+        SamplingConfig c = config_from_kwargs(kw);
+        check_sampling(c);
+        return c;
+      }))
+      .def_readonly("temperature", &SamplingConfig::temperature)
+      .def_readonly("top_k", &SamplingConfig::top_k)
+      .def_readonly("top_p", &SamplingConfig::top_p)
+      .def_readonly("seed", &SamplingConfig::seed)
+      .def_readonly("logprobs", &SamplingConfig::logprobs)
+      .def_readonly("logit_bias", &SamplingConfig::logit_bias);
 }
 
 // ---- constrained decoding (llguidance) ----
@@ -260,13 +299,13 @@ void bind_engine_config(py::module_& m) {
         "as loading would raise them");
 }
 
-Request make_request(const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling, int max_tokens,
+Request make_request(const std::string& id, std::vector<int32_t> prompt, py::handle sampling, int max_tokens,
                      bool ignore_eos, std::vector<int32_t> stop_token_ids, int n, std::optional<int> prompt_logprobs,
                      std::shared_ptr<Matcher> grammar) {
   Request r;
   r.id = id;
   r.prompt = std::move(prompt);
-  r.sampling = config_from_kwargs(sampling);
+  r.sampling = sampling_of(sampling);
   r.stop.max_tokens = max_tokens;
   r.stop.ignore_eos = ignore_eos;
   r.stop.stop_token_ids = std::move(stop_token_ids);
@@ -282,7 +321,7 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, const p
 // `method` (add, or check: the same validation, nothing queued).
 template <class C, class Method>
 void def_request(py::class_<C>& cls, const char* name, Method method, const char* doc) {
-  cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::dict& sampling,
+  cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::object& sampling,
                          int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n,
                          std::optional<int> prompt_logprobs, std::shared_ptr<Matcher> grammar) {
     (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n,
@@ -431,6 +470,25 @@ py::dict engine_stats(Engine& e) {
                   py::arg("spec_accepted_tokens") = s.spec_accepted_tokens, py::arg("row_costs") = s.row_costs);
 }
 
+// _engine.ContextLengthError(ValueError) with the C++ error's numbers as attributes: max_len, n_prompt,
+// max_tokens.
+void bind_context_length_error(py::module_& m) {
+  static py::handle type = PyErr_NewExceptionWithDoc(
+      "pyserve._engine.ContextLengthError", "prompt + max_tokens exceeds what one sequence can hold",
+      PyExc_ValueError, nullptr);
+  if (!type) throw py::error_already_set();
+  m.attr("ContextLengthError") = type;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ContextLengthError& e) {
+      py::object exc = py::reinterpret_borrow<py::object>(type)(e.what());
+      exc.attr("max_len") = e.max_len, exc.attr("n_prompt") = e.n_prompt, exc.attr("max_tokens") = e.max_tokens;
+      PyErr_SetObject(type.ptr(), exc.ptr());
+    }
+  });
+}
+
 void bind_engine(py::module_& m) {
   bind_engine_config(m);
   bind_step_output(m);
@@ -494,6 +552,7 @@ PYBIND11_MODULE(_engine, m) {
   // GGUFError and ModelError are ValueErrors; std::invalid_argument is ValueError too (pybind11's default).
   py::register_exception<GGUFError>(m, "GGUFError", PyExc_ValueError);
   py::register_exception<ModelError>(m, "ModelError", PyExc_ValueError);
+  bind_context_length_error(m);
   m.attr("supported_architectures") = supported_architectures();
   bind_sampler(m);
   bind_gguf(m);

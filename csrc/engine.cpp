@@ -163,20 +163,20 @@ void Engine::check_size(const Request& req) const {
   const int n_prompt = (int)req.prompt.size(), max_tokens = req.stop.max_tokens;
   const std::string np = std::to_string(n_prompt), mt = std::to_string(max_tokens);
   const int64_t total = (int64_t)n_prompt + max_tokens;
-  if (total > cfg_.n_ctx)
-    throw std::invalid_argument("prompt (" + np + " tokens)" + (max_tokens ? " + max_tokens (" + mt + ")" : "") +
-                                " exceeds the context length " + std::to_string(cfg_.n_ctx));
+  const std::string pool = "the KV cache (" + std::to_string((int64_t)cfg_.num_kv_blocks * cfg_.block_size) + " tokens)";
+  const int max_len = KVGeometry{cfg_.n_ctx, cfg_.num_kv_blocks, cfg_.block_size, 0}.max_model_len();
+  if (total > max_len)
+    throw ContextLengthError("prompt (" + np + " tokens)" + (max_tokens ? " + max_tokens (" + mt + ")" : "") +
+                                 " exceeds " + (total > cfg_.n_ctx ? "the context length " + std::to_string(cfg_.n_ctx) : pool),
+                             max_len, n_prompt, max_tokens);
   // The prompt's full blocks are shared; each sample holds the rest (its copy of a partial last block too).
   // A prefill-only request never forks.
   const int n = max_tokens == 0 ? 1 : req.n;
   const int shared = n_prompt / cfg_.block_size;
   const int64_t need = shared + (int64_t)n * (scheduler_->blocks_needed((int)total) - shared);
   if (need <= cfg_.num_kv_blocks) return;
-  const std::string times = n > 1 ? std::to_string(n) + " × " : std::string();
-  const std::string what = max_tokens ? "prompt + " + times + "max_tokens (" + np + " + " + times + mt + " tokens)"
-                                      : "prompt (" + np + " tokens)";
-  throw std::invalid_argument(what + " exceeds the KV cache (" +
-                              std::to_string((int64_t)cfg_.num_kv_blocks * cfg_.block_size) + " tokens)");
+  const std::string times = std::to_string(n) + " × ";
+  throw std::invalid_argument("prompt + " + times + "max_tokens (" + np + " + " + times + mt + " tokens) exceeds " + pool);
 }
 
 void Engine::add(Request req) {

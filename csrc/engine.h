@@ -49,6 +49,15 @@ struct KVGeometry {
   size_t bytes_per_block = 0;  // K and V of every layer, fp16
   int max_model_len() const;   // min(n_ctx, the pool's tokens): what one sequence can really reach
 };
+// A request longer than one sequence can be: prompt + max_tokens > max_len (KVGeometry::max_model_len). A
+// std::invalid_argument (a ValueError) whose message names the bound it passed (the context or the KV
+// pool); its numbers let the layer above say it in its own protocol's words (_engine.ContextLengthError).
+struct ContextLengthError : std::invalid_argument {
+  ContextLengthError(const std::string& what, int max_len, int n_prompt, int max_tokens)
+      : std::invalid_argument(what), max_len(max_len), n_prompt(n_prompt), max_tokens(max_tokens) {}
+  int max_len, n_prompt, max_tokens;
+};
+
 // Throws std::invalid_argument naming the first field no engine accepts (negative sizes; block_size,
 // max_num_seqs or max_num_batched_tokens not positive; target_itl negative or not finite; speculative_ngram < 0).
 void check_config(const EngineConfig& c);

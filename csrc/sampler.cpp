@@ -322,20 +322,42 @@ void check_token_id(const char* field, int64_t id, int n_vocab) {
                                 " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
 }
 
+constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+
+const Bound kSamplingBounds[kNumBounds] = {
+    {"temperature", 0, kUnbounded, false, true, ">= 0 and finite"},
+    {"top_k", -1, kUnbounded, false, true, "-1 or 0 (off) or >= 1"},
+    {"top_p", 0, 1, true, false, "in (0, 1]"},
+    {"min_p", 0, 1, false, false, "in [0, 1]"},
+    {"repetition_penalty", 0, kUnbounded, true, true, "> 0 and finite"},
+    {"presence_penalty", -2, 2, false, false, "in [-2, 2]"},
+    {"frequency_penalty", -2, 2, false, false, "in [-2, 2]"},
+    {"min_tokens", 0, kUnbounded, false, true, ">= 0"},
+};
+
+bool Bound::holds(double x) const {
+  return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+}
+
+namespace {
+template <class T>
+void check_bound(BoundId id, T value) {
+  const Bound& b = kSamplingBounds[id];
+  if (!b.holds((double)value)) bad(b.name, b.rule, value);
+}
+}  // namespace
+
 void check_sampling(const SamplingConfig& c) {
-  if (!(c.temperature >= 0.0f) || std::isinf(c.temperature)) bad("temperature", ">= 0 and finite", c.temperature);
-  if (c.top_k < -1) bad("top_k", "-1 or 0 (off) or >= 1", c.top_k);
-  if (!(c.top_p > 0.0f && c.top_p <= 1.0f)) bad("top_p", "in (0, 1]", c.top_p);
-  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) bad("min_p", "in [0, 1]", c.min_p);
-  if (!(c.repetition_penalty > 0.0f) || std::isinf(c.repetition_penalty))
-    bad("repetition_penalty", "> 0 and finite", c.repetition_penalty);
-  if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
-    bad("presence_penalty", "in [-2, 2]", c.presence_penalty);
-  if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
-    bad("frequency_penalty", "in [-2, 2]", c.frequency_penalty);
+  check_bound(kTemperature, c.temperature);
+  check_bound(kTopK, c.top_k);
+  check_bound(kTopP, c.top_p);
+  check_bound(kMinP, c.min_p);
+  check_bound(kRepetitionPenalty, c.repetition_penalty);
+  check_bound(kPresencePenalty, c.presence_penalty);
+  check_bound(kFrequencyPenalty, c.frequency_penalty);
+  check_bound(kMinTokens, c.min_tokens);
   for (const auto& [id, bias] : c.logit_bias)
     if (std::isnan(bias) || bias == kInf) bad("logit_bias value", "finite or -inf", bias);
-  if (c.min_tokens < 0) bad("min_tokens", ">= 0", c.min_tokens);
 }
 
 void check_sampling(const SamplingConfig& c, int n_vocab) {

@@ -115,7 +115,21 @@ class Sampler {
   std::vector<uint32_t> mask_;                      // [⌈n_vocab / 32⌉] the ids grammar_ allows next, one bit each
 };
 
-// The rules of the sampling parameters that need no model (ranges, logit_bias values). Throws
+// A sampling parameter's range: lo < x (lo_open) or lo <= x, and x < hi (hi_open) or x <= hi, x finite. The
+// one statement of it: check_sampling applies it, the HTTP layer declares it on its fields (sampling_bounds).
+struct Bound {
+  const char* name;
+  double lo, hi;
+  bool lo_open, hi_open;
+  const char* rule;  // as the error message says it: "in (0, 1]"
+  bool holds(double x) const;
+};
+
+enum BoundId { kTemperature, kTopK, kTopP, kMinP, kRepetitionPenalty, kPresencePenalty, kFrequencyPenalty,
+               kMinTokens, kNumBounds };
+extern const Bound kSamplingBounds[kNumBounds];  // [BoundId]
+
+// The rules of the sampling parameters that need no model (kSamplingBounds, logit_bias values). Throws
 // std::invalid_argument whose message starts with the parameter's name ("top_p must be in (0, 1], got 2").
 void check_sampling(const SamplingConfig& c);
 // The same, plus the rules against a vocabulary of n_vocab ids: logit_bias ids, logprobs <= n_vocab.

@@ -8,7 +8,7 @@ namespace pyserve {
 
 StepCostModel::StepCostModel(const StepMacs& macs) : macs_(macs) {}
 
-double StepCostModel::predict(const StepShape& s) const { return std::max(w_[0], 0.0) + std::max(w_[1], 0.0) * gmacs(s); }
+double StepCostModel::predict(const StepShape& s) const { return w_[0] + w_[1] * gmacs(s); }
 
 // Recursive least squares with forgetting on x = (1, GMACs): k = P x / (λ + xᵀ P x); w += k (y − wᵀ x);
 // P = (P − k xᵀ P) / λ, its trace held under a bound (steps of one size alone would otherwise wind it up).
@@ -18,7 +18,9 @@ void StepCostModel::observe(const StepShape& s, double seconds) {
   const double px[2] = {P_[0][0] * x[0] + P_[0][1] * x[1], P_[1][0] * x[0] + P_[1][1] * x[1]};
   const double denom = kForget + x[0] * px[0] + x[1] * px[1];
   const double err = seconds - (w_[0] * x[0] + w_[1] * x[1]);
-  for (int i = 0; i < 2; i++) w_[i] += px[i] / denom * err;
+  // projected onto w >= 0: a step's floor and the compute rate are never negative, though noisy timings (a
+  // busy machine) can pull the unconstrained fit below 0
+  for (int i = 0; i < 2; i++) w_[i] = std::max(w_[i] + px[i] / denom * err, 0.0);
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 2; j++) P_[i][j] = (P_[i][j] - px[i] * px[j] / denom) / kForget;
   const double trace = P_[0][0] + P_[1][1];
@@ -30,7 +32,7 @@ void StepCostModel::observe(const StepShape& s, double seconds) {
 double StepCostModel::chunk_cost(int n, int pos, int sampled) const {
   StepShape s;
   s.add(n, pos, sampled);
-  return std::max(w_[1], 0.0) * gmacs(s);
+  return w_[1] * gmacs(s);
 }
 
 int StepCostModel::tokens_within(double seconds, int pos, int cap, bool sampled_if_last) const {

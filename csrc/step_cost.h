@@ -73,7 +73,7 @@ class StepCostModel {
   // `sampled_if_last` and n == cap) that add at most `seconds` to a step; 0 when not even one fits.
   int tokens_within(double seconds, int pos, int cap, bool sampled_if_last) const;
   std::array<double, 2> weights() const { return {w_[0], w_[1]}; }  // a (s), b (s per GMAC)
-  void set_weights(double floor_s, double s_per_gmac) { w_ = {floor_s, s_per_gmac}; }
+  void set_weights(double floor_s, double s_per_gmac) { w_ = {std::max(floor_s, 0.0), std::max(s_per_gmac, 0.0)}; }
 
  private:
   static constexpr double kForget = 0.98;  // a step's weight halves after ~35 steps

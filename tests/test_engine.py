@@ -37,7 +37,8 @@ def test_budgets_that_change_every_step_equal_alone(model_path, alone):
     long = [p * 6 for p in PROMPTS]  # prompts of ~100 tokens: several chunks each, beside running decodes
     assert run_all(planned, PROMPTS + long)[:len(PROMPTS)] == alone
     assert run_all(planned, long) == [run_all(planned, [p])[0] for p in long]
-    assert planned.engine.stats()["step_cost"][1] > 0  # the fitted compute rate, s per GMAC
+    floor, rate = planned.engine.stats()["step_cost"]  # fitted on this run's timings: any values, never negative
+    assert floor >= 0 and rate >= 0
 
 
 def test_preemption_keeps_outputs(model_path, alone):

@@ -155,3 +155,22 @@ async def test_async_first_output_of_each_sample_carries_them(llm, generated):
         assert [t for o in mine for t in o.token_ids_delta] == gen[:5]
         assert [e for o in mine for e in o.logprobs_delta] == lps[:5]
     assert [(o.prompt_logprobs, o.finish_reason, o.token_ids_delta) for o in alone] == [(want, "length", [])]
+
+
+def test_ranked_merges_the_token_where_it_ranks():
+    """An entry ({token: lp, then alternatives best first}) back in rank order (value desc, id asc) without a
+    sort: the same as sorting it, wherever the token ranks, ties included."""
+    import random
+
+    from pyserve.engine.output_processor import ranked
+
+    rng = random.Random(7)
+    for _ in range(500):
+        k = rng.randrange(0, 6)
+        pool = {t: float(rng.choice([-0.5, -1.0, -2.0, -3.0, -4.5])) for t in rng.sample(range(50), k + 1)}
+        best = sorted(pool.items(), key=lambda kv: (-kv[1], kv[0]))
+        token, lp = rng.choice(best)
+        top = best[:k] if rng.random() < 0.5 else best[:k + 1]  # the token among the top, or beside it
+        entry = {token: lp} | {t: v for t, v in top if t != token}
+        expect = sorted(entry.items(), key=lambda kv: (-kv[1], kv[0]))
+        assert ranked(entry) == expect

@@ -1,5 +1,6 @@
 """The engine's request rules live in C++ once: Engine.check_request raises exactly what add raises and
 queues nothing; _engine.check_sampling is what SamplingParams and the Sampler apply to sampler fields."""
+import copy
 import math
 import select
 
@@ -161,3 +162,66 @@ def test_what_only_the_python_layer_uses_is_checked_there():
         SamplingParams(stop=[""])
     # n and max_tokens depend on the engine's limits: Engine.check_request / add refuse them
     assert SamplingParams(n=0, max_tokens=0).n == 0
+
+
+def test_sampling_params_build_the_engines_config_once():
+    """The request's sampler parameters cross into C++ once (SamplingParams keeps the engine's SamplingConfig);
+    a field changed afterwards makes it again, checked as at construction."""
+    p = SamplingParams(temperature=0.5, top_k=7, logit_bias={"12": 3}, logprobs=2)
+    config = p.engine_config()
+    assert p.engine_config() is config
+    assert (config.temperature, config.top_k, config.logprobs, config.logit_bias) == (0.5, 7, 2, [(12, 3.0)])
+    p.top_k = 3
+    assert p.engine_config() is not config and p.engine_config().top_k == 3
+    p.top_p = 0.0
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 0"):
+        p.engine_config()
+    q = copy.deepcopy(SamplingParams(seed=5))
+    assert q.engine_config().seed == 5
+    with pytest.raises(ValueError, match="^logit_bias has the wrong type"):
+        SamplingParams(logit_bias={"x": 1})
+
+
+def _inside_and_outside(b: dict, kind: type) -> tuple[list, list]:
+    """Values at and beside a bound: the first list must pass its check, the second fail."""
+    step = 1 if kind is int else 1e-3
+    inside, outside = [], [b["lo"] - step]
+    (outside if b["lo_open"] else inside).append(b["lo"])
+    inside.append(b["lo"] + step)
+    if not math.isinf(b["hi"]):
+        (outside if b["hi_open"] else inside).append(b["hi"])
+        outside.append(b["hi"] + step)
+    return [kind(v) for v in inside], [kind(v) for v in outside]
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                  "presence_penalty", "frequency_penalty", "min_tokens"])
+def test_the_http_fields_take_the_engines_ranges(name):
+    """One statement of each sampler range (the engine's): its check and the HTTP request model accept and
+    refuse the same values at its edges (the API's own caps aside: temperature and repetition_penalty <= 2)."""
+    from pydantic import ValidationError
+    from pyserve.engine.limits import sampling_bounds
+    from pyserve.openai.protocol import CompletionRequest
+
+    kind = int if name in ("top_k", "min_tokens") else float
+    inside, outside = _inside_and_outside(sampling_bounds()[name], kind)
+    for v in inside:
+        _engine.check_sampling({name: v})
+        CompletionRequest.model_validate({"prompt": "x", name: v})
+    for v in outside:
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            _engine.check_sampling({name: v})
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate({"prompt": "x", name: v})
+
+
+def test_a_request_past_the_models_length_carries_its_numbers(tiny):
+    with pytest.raises(_engine.ContextLengthError) as e:
+        tiny.check_request("r", [2] * 30, {}, 20)
+    assert (e.value.max_len, e.value.n_prompt, e.value.max_tokens) == (40, 30, 20)  # 10 blocks of 4 < n_ctx 64
+    assert str(e.value) == "prompt (30 tokens) + max_tokens (20) exceeds the KV cache (40 tokens)"
+    with pytest.raises(_engine.ContextLengthError, match="exceeds the context length 64$"):
+        tiny.check_request("r", [2] * 65, {}, 0, prompt_logprobs=0)
+    with pytest.raises(ValueError) as n_copies:  # n copies that do not fit: the pool, not one sequence's length
+        tiny.check_request("r", [2] * 6, {}, 4, n=5)
+    assert not isinstance(n_copies.value, _engine.ContextLengthError)

@@ -63,7 +63,7 @@ def test_gemma_build_time(gemma_meta):
     elapsed = time.perf_counter() - t0
     print(f"gemma3 tokenizer ({tok.vocab_size} tokens) built in {elapsed:.2f} s")
     assert tok.vocab_size == 262144
-    assert elapsed < 15.0
+    assert elapsed < 60.0  # a hang guard, not a benchmark (scripts/ measure speed)
 
 
 def test_gemma_reference(gemma, data_dir):

@@ -58,7 +58,7 @@ class EngineRequest:
     def _args(self) -> tuple[tuple, dict]:
         """Engine.add's arguments after the id, the grammar aside (check_request takes the same)."""
         p = self.params
-        return ((self.prompt_token_ids, p.engine_sampling(), p.max_tokens, p.ignore_eos, list(p.stop_token_ids)),
+        return ((self.prompt_token_ids, p.engine_config(), p.max_tokens, p.ignore_eos, list(p.stop_token_ids)),
                 {"n": p.n, "prompt_logprobs": p.prompt_logprobs})
 
     def sample_states(self, tokenizer: Tokenizer) -> list[RequestState]:

@@ -13,6 +13,17 @@ from .stop_strings import StopStrings
 from .tokenizer import Tokenizer
 
 
+def ranked(entry: dict[int, float]) -> list[tuple[int, float]]:
+    """A logprobs entry's (id, logprob) pairs best first (value desc, id asc, the engine's order). An entry —
+    a generated token's here, a prompt token's from the engine — is {the token: its logprob, then the best
+    alternatives in that order, the token left out}: the token is merged in where it ranks, nothing sorted."""
+    items = iter(entry.items())
+    token, lp = next(items)
+    rest = list(items)
+    at = next((i for i, (t, v) in enumerate(rest) if lp > v or (lp == v and token < t)), len(rest))
+    return rest[:at] + [(token, lp)] + rest[at:]
+
+
 @dataclass
 class Delta:
     text: str = ""

@@ -38,14 +38,21 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+        self.logit_bias = self.logit_bias or {}  # its ids and values are converted (and checked) once, by the engine
         self._check()
 
-    def _check(self) -> None:
-        """The sampler's rules are the engine's (_engine.check_sampling); n and max_tokens are checked where
-        the engine takes the request (they depend on its limits); what only this layer uses is checked here."""
-        from .. import _engine  # here, not at import: `import pyserve` does not load the extension
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in _ENGINE_FIELDS:  # changed after construction: the engine's copy is made (and checked) again
+            self.__dict__.pop("_config", None)
 
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_config"}  # a copy or a pickle rebuilds it
+
+    def _check(self) -> None:
+        """The sampler's rules are the engine's (its SamplingConfig's check, run as it is built, here once);
+        n and max_tokens are checked where the engine takes the request (they depend on its limits); what
+        only this layer uses is checked here."""
         checks = [
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"must be in [0, {MAX_LOGPROBS}]"),
@@ -56,20 +63,25 @@ class SamplingParams:
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
-        _engine.check_sampling(self.engine_sampling())
+        self.engine_config()
+
+    def engine_config(self):
+        """The C++ sampler's parameters of the request (an _engine.SamplingConfig, built once; its n samples
+        draw with seed + 0 … n-1: the engine's fork). ValueError naming the parameter the engine refuses."""
+        config = self.__dict__.get("_config")
+        if config is None:
+            from .. import _engine  # here, not at import: `import pyserve` does not load the extension
+
+            config = self.__dict__["_config"] = _engine.SamplingConfig(**self.engine_sampling())
+        return config
 
     def engine_sampling(self) -> dict:
-        """The C++ sampler's parameters of the request (its n samples draw with seed + 0 … n-1: the engine's fork)."""
-        return {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "seed": self.seed,
-            "logprobs": -1 if self.logprobs is None else self.logprobs,
-            "logit_bias": self.logit_bias,
-            "min_tokens": self.min_tokens,
-        }
+        """engine_config's keys and values, as a dict (the native API's `sampling`)."""
+        return {name: getattr(self, name) for name in _SAMPLER_FIELDS} | {
+            "logprobs": -1 if self.logprobs is None else self.logprobs}
+
+
+# The fields the engine's sampler takes as they are, and every field its SamplingConfig is built from
+_SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "seed", "logit_bias", "min_tokens")
+_ENGINE_FIELDS = frozenset(_SAMPLER_FIELDS + ("logprobs",))

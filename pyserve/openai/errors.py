@@ -3,7 +3,7 @@
 `OpenAIError` is what the HTTP edge answers: {"error": {"message", "type", "param", "code"}} with a status.
 Below this layer errors are plain Python exceptions: pydantic's ValidationError (the request body),
 ValueError from the engine (its messages begin with the field they are about: "prompt: token id …",
-"temperature must be …"), ChatTemplateError. `from_validation` and `from_engine` turn them into OpenAIError,
+"temperature must be …"; ContextLengthError carries its numbers), ChatTemplateError. `from_validation` and `from_engine` turn them into OpenAIError,
 each in one place.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ import re
 from typing import Optional
 
 from pydantic import ValidationError
+
+from ..engine.limits import ContextLengthError
 
 log = logging.getLogger("pyserve.server")
 
@@ -92,17 +94,32 @@ _KNOWN_FIELDS = frozenset({"prompt", "logit_bias", "stop_token_ids", "temperatur
                            "n", "logprobs", "stop", "min_tokens"})
 
 
-def from_engine(e: BaseException, prompt_param: str = "prompt") -> OpenAIError:
-    """An engine refusal (ValueError, whose message names its field first) or failure, as OpenAI's error."""
+def from_engine(e: BaseException, prompt_param: str = "prompt", max_tokens_param: Optional[str] = None) -> OpenAIError:
+    """An engine refusal (ValueError, whose message names its field first) or failure, as OpenAI's error.
+    A request too long for the model is said in OpenAI's words (context_length_exceeded); max_tokens_param:
+    the field that set its completion length, None where the client sent none."""
     if isinstance(e, OpenAIError):
         return e
+    if isinstance(e, ContextLengthError):
+        return context_length_exceeded(e, prompt_param, max_tokens_param)
     if isinstance(e, ValueError):
         msg = str(e)
         m = _FIELD.match(msg)
         param = m.group(1) if m and m.group(1) in _KNOWN_FIELDS else None
         if param == "prompt":
             param = prompt_param
-        code = "context_length_exceeded" if "exceeds the" in msg else None
-        return bad_request(msg, param=param, code=code)
+        return bad_request(msg, param=param)
     log.error("engine request failed", exc_info=e)
     return server_error(f"internal error: {type(e).__name__}: {e}")
+
+
+def context_length_exceeded(e: ContextLengthError, prompt_param: str, max_tokens_param: Optional[str]) -> OpenAIError:
+    """OpenAI's message for a request past the model's length, from the engine's numbers."""
+    head = f"This model's maximum context length is {e.max_len} tokens. However, "
+    if max_tokens_param is not None and e.max_tokens:
+        return bad_request(f"{head}you requested {e.n_prompt + e.max_tokens} tokens ({e.n_prompt} in the prompt, "
+                           f"{e.max_tokens} in the completion). Please reduce the length of the prompt or "
+                           f"completion.", param=max_tokens_param, code="context_length_exceeded")
+    room = ", leaving no room for the completion" if e.max_tokens else ""
+    return bad_request(f"{head}your prompt is {e.n_prompt} tokens{room}. Please reduce the length of the prompt.",
+                       param=prompt_param, code="context_length_exceeded")

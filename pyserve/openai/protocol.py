@@ -17,6 +17,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
 from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..engine.limits import field_limits
 from ..engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from ..engine.structured import StructuredOutputsParams
 from .errors import bad_request, from_validation, unsupported
@@ -159,18 +160,19 @@ def _token_id_keys(bias: Optional[dict]) -> dict[int, float]:
     return out
 
 
-# Each shared field's type and bounds, written once; both endpoints list them in OpenAI's order.
-Penalty = Annotated[Optional[float], Field(ge=-2, le=2)]
+# Each shared field's type and bounds, written once: a sampler field's range is the engine's (engine/limits.py:
+# what its own check applies), narrowed where the API caps it; both endpoints list them in OpenAI's order.
+Penalty = Annotated[Optional[float], Field(**field_limits("presence_penalty"))]  # frequency_penalty's is the same
 MaxTokens = Annotated[Optional[int], Field(ge=1)]
 NChoices = Annotated[Optional[int], Field(ge=1, le=MAX_N)]
 Stop = Optional[Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP)]]]
-Temperature = Annotated[Optional[float], Field(ge=0, le=2)]
-TopP = Annotated[Optional[float], Field(gt=0, le=1)]
-TopK = Annotated[Optional[int], Field(ge=-1)]
-MinP = Annotated[Optional[float], Field(ge=0, le=1)]
-RepetitionPenalty = Annotated[Optional[float], Field(gt=0, le=2)]
+Temperature = Annotated[Optional[float], Field(**field_limits("temperature") | {"le": 2})]  # OpenAI's cap
+TopP = Annotated[Optional[float], Field(**field_limits("top_p"))]
+TopK = Annotated[Optional[int], Field(**field_limits("top_k", int))]
+MinP = Annotated[Optional[float], Field(**field_limits("min_p"))]
+RepetitionPenalty = Annotated[Optional[float], Field(**field_limits("repetition_penalty") | {"le": 2})]  # the API's cap
 PromptLogprobs = Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)]  # vLLM's: alternatives per prompt token
-MinTokens = Annotated[Optional[int], Field(ge=0, lt=1 << 31)]  # vLLM's: no end (EOS, stop ids, strings) before this
+MinTokens = Annotated[Optional[int], Field(**field_limits("min_tokens", int) | {"lt": 1 << 31})]  # vLLM's: no end (EOS, stop ids, strings) before this
 Seed = Annotated[Optional[int], Field(ge=-(1 << 63), lt=1 << 63)]  # an int64 (negative: as its 63-bit mask)
 StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]]
 
@@ -306,12 +308,12 @@ class _Sampling(_Model):
     guided_whitespace_pattern: Optional[str] = None
     json_schema: Optional[Union[dict, bool]] = None
     grammar: Optional[str] = None
+    _constraint: Optional[tuple] = PrivateAttr(default=None)  # structured(), once resolved
 
     @field_validator("logit_bias", check_fields=False)
     @classmethod
     def _bias(cls, v):
-        _token_id_keys(v)
-        return v
+        return _token_id_keys(v)  # {id: bias}, as the engine takes it
 
     @model_validator(mode="after")
     def _stream_rules(self):
@@ -323,8 +325,14 @@ class _Sampling(_Model):
         return self
 
     def structured(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
-        """(the request's constraint, the field that carried it), or (None, None). Two constraints, or a
-        malformed one (an empty choice, two kinds in structured_outputs), is a 400 naming the fields."""
+        """(the request's constraint, the field that carried it), or (None, None), resolved once. Two
+        constraints, or a malformed one (an empty choice, two kinds in structured_outputs), is a 400 naming
+        the fields."""
+        if self._constraint is None:
+            self._constraint = self._resolve_constraint()
+        return self._constraint
+
+    def _resolve_constraint(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
         try:
             found = _constraints(self)
         except ValueError as e:  # StructuredOutputsParams' own rules; the one form that can break them
@@ -347,8 +355,12 @@ class _Sampling(_Model):
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return [s for s in stop if s]
 
-    def to_sampling_params(self, max_tokens: int = 1) -> SamplingParams:
-        """The only bridge to the engine: this request's sampling, for one prompt, all n samples."""
+    def to_sampling_params(self, max_tokens: int = 1, constraint: Optional[StructuredOutputsParams] = None,
+                           keep_special: bool = False) -> SamplingParams:
+        """The only bridge to the engine: this request's sampling, for one prompt, all n samples. The serving
+        layer adds what the request implies without saying: `constraint` in place of the request's own (a
+        chat's tools make one; the two exclude each other), and `keep_special` keeps control tokens in the
+        text unless skip_special_tokens is given (a tool parser reads them)."""
         return SamplingParams(
             n=self.n_choices, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
             top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0), presence_penalty=_or(self.presence_penalty, 0.0),
@@ -358,8 +370,8 @@ class _Sampling(_Model):
             stop_token_ids=list(self.stop_token_ids or ()), ignore_eos=bool(self.ignore_eos),
             max_tokens=max_tokens, min_tokens=self.min_tokens or 0, logprobs=self.logprobs_wanted(),
             prompt_logprobs=self.prompt_logprobs_wanted(),
-            logit_bias=_token_id_keys(self.logit_bias),
-            skip_special_tokens=_or(self.skip_special_tokens, True), structured_outputs=self.structured()[0])
+            logit_bias=self.logit_bias or {}, skip_special_tokens=_or(self.skip_special_tokens, not keep_special),
+            structured_outputs=constraint if constraint is not None else self.structured()[0])
 
     def logprobs_wanted(self) -> Optional[int]:
         """Alternatives per token (None: no logprobs)."""
@@ -407,7 +419,6 @@ class ChatPrompt(_Model):
 # ---- the endpoints ----
 
 class ChatCompletionRequest(_Sampling, ChatPrompt):
-    _tools_constraint: Optional[StructuredOutputsParams] = PrivateAttr(default=None)
     messages: Messages
     model: Optional[str] = None
     audio: Optional[dict] = None
@@ -484,14 +495,6 @@ class ChatCompletionRequest(_Sampling, ChatPrompt):
             raise bad_request(f"at most one constraint per request: 'tools' and '{field_name}' were "
                               "both given (send tool_choice 'none' to constrain the answer)", param="tools")
         return self
-
-    def structured(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
-        """The request's own constraint, or the one its tools make (set by the chat serving: `use_tools`)."""
-        tools = getattr(self, "_tools_constraint", None)
-        return (tools, "tools") if tools is not None else super().structured()
-
-    def use_tools(self, constraint: Optional[StructuredOutputsParams]) -> None:
-        self._tools_constraint = constraint
 
     def logprobs_wanted(self) -> Optional[int]:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -30,12 +30,12 @@ class ChatServing:
         self.model.check_text_size(req.text_bytes(), "messages")
         plan = self.tool_plan(req)
         await check_constraint(self.model, plan.check(), "tools")
-        req.use_tools(plan.constraint())
-        if plan.reads_markers and req.skip_special_tokens is None:
-            req.skip_special_tokens = False  # [TOOL_CALLS], <|python_tag|>: control tokens the parser must see
         ids = await self.prompt_ids(req, plan)
         rid = ctx.response_id("chatcmpl")
-        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages")
+        tools = plan.constraint()
+        # a parser that reads [TOOL_CALLS] or <|python_tag|> must see those control tokens in the text
+        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages",
+                                                 (tools, "tools") if tools is not None else None, plan.reads_markers)
         shape = _Shapes(self.model, req, rid, requests[0].params.n, ids, plan)
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))

@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional, Protocol
 
 from .context import Demand, RequestContext
 from .errors import OpenAIError, bad_request, from_engine, server_error
+from ..engine.output_processor import ranked
 from ..engine.structured import StructuredOutputsParams
 from .protocol import _Sampling
 from .responses import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob, Usage, usage
@@ -27,36 +28,30 @@ _engine_ids = itertools.count()
 
 # ---- prompts to engine requests ----
 
-def max_tokens_for(model: ServedModel, req: _Sampling, n_prompt: int, prompt_param: str) -> int:
-    """The request's completion bound for this prompt; the rest of the context when it sent none."""
-    asked, field_name = req.max_new_tokens()
-    n_ctx = model.max_model_len
-    if asked is None:
-        if n_prompt >= n_ctx:
-            raise bad_request(f"This model's maximum context length is {n_ctx} tokens. However, your prompt is "
-                              f"{n_prompt} tokens, leaving no room for the completion. Please reduce the length "
-                              f"of the prompt.", param=prompt_param, code="context_length_exceeded")
-        return n_ctx - n_prompt
-    if n_prompt + asked > n_ctx:
-        raise bad_request(f"This model's maximum context length is {n_ctx} tokens. However, you requested "
-                          f"{n_prompt + asked} tokens ({n_prompt} in the prompt, {asked} in the completion). "
-                          f"Please reduce the length of the prompt or completion.", param=field_name,
-                          code="context_length_exceeded")
-    return asked
+def max_tokens_for(model: ServedModel, req: _Sampling, n_prompt: int) -> int:
+    """The request's completion bound for this prompt; the rest of the model's length when it sent none (at
+    least 1: the engine then refuses a prompt that leaves no room, context_length_exceeded)."""
+    asked, _ = req.max_new_tokens()
+    return asked if asked is not None else max(model.max_model_len - n_prompt, 1)
 
 
 async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sampling,
-                          prompts: list[list[int]], prompt_param: str) -> tuple[list[EngineRequest], object]:
+                          prompts: list[list[int]], prompt_param: str,
+                          constraint: Optional[tuple[StructuredOutputsParams, str]] = None,
+                          keep_special: bool = False) -> tuple[list[EngineRequest], object]:
     """One engine request per prompt (its n choices forked in the engine), each checked by the engine (its
-    constraint compiled first), then admitted by the edge. Returns them with the admission ticket."""
-    await check_constraint(model, *req.structured())
+    constraint compiled first: the request's own, or `constraint` with the field it came from), then admitted
+    by the edge. Returns them with the admission ticket. (to_sampling_params: what keep_special means.)"""
+    so, field_name = constraint or req.structured()
+    await check_constraint(model, so, field_name)
     out, n = [], req.n_choices
     for p, ids in enumerate(prompts):
         try:
-            params = req.to_sampling_params(max_tokens_for(model, req, len(ids), prompt_param))
+            params = req.to_sampling_params(max_tokens_for(model, req, len(ids)), so, keep_special)
             model.engine.check(ids, params)
         except ValueError as e:
-            raise from_engine(e, prompt_param) from None
+            asked, field_name = req.max_new_tokens()
+            raise from_engine(e, prompt_param, field_name if asked is not None else None) from None
         out.append(EngineRequest(p * n, ids, params, f"{rid}-{p}.{next(_engine_ids)}"))  # unique: a client
         # may send one X-Request-Id twice
     demand = Demand([(len(r.prompt_ids), r.params.max_tokens) for r in out for _ in range(n)],
@@ -223,7 +218,7 @@ def _write(obs, batch: list, chunks: ChunkMaker, counter: UsageCounter) -> tuple
 # ---- logprobs ----
 
 def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
-    return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+    return ranked(entry)[:k]
 
 
 def token_pieces(model: ServedModel, token_ids: list[int], skip_special: bool, fresh: bool = False,
@@ -269,11 +264,11 @@ def _tops_with(model: ServedModel, entry: dict, tid: int, name: str, k: int, ski
     """The top-k named by the same rule (a special alternative "" while skip_special_tokens is on), the token
     under its own `tokens` entry with its own logprob even where another shares that name: lm-eval's greedy
     check compares the best key with the token."""
-    ranked = _top(entry, k)
-    if all(t != tid for t, _ in ranked):
-        ranked.append((tid, entry.get(tid)))
+    best = _top(entry, k)
+    if all(t != tid for t, _ in best):
+        best.append((tid, entry.get(tid)))
     out: dict[str, float] = {}
-    for t, v in ranked:
+    for t, v in best:
         key = name if t == tid else token_pieces(model, [t], skip_special)[0]
         if t == tid or key not in out:
             out[key] = v
@@ -290,8 +285,8 @@ def vllm_prompt_logprobs(model: ServedModel, prompt_ids: list[int], entries: lis
             out.append(None)
             continue
         outside = len(entry) > k  # the prompt token was added beside the k best
-        ranked = [t for t, _ in sorted(entry.items(), key=lambda kv: -kv[1]) if not (outside and t == tid)]
-        rank = {t: i + 1 for i, t in enumerate(ranked)}
+        best = [t for t, _ in ranked(entry) if not (outside and t == tid)]
+        rank = {t: i + 1 for i, t in enumerate(best)}
         out.append({str(t): PromptLogprob.model_construct(logprob=v, rank=rank.get(t),
                                                           decoded_token=model.token_text(t)[0])
                     for t, v in entry.items()})

@@ -42,10 +42,6 @@ class EmbeddingServing:
         if isinstance(x, str):
             m.check_text_size(len(x.encode()), "input")
             x = m.tokenizer.encode(x, add_special=add_special, parse_special=True)
-        if len(x) > m.max_model_len:
-            raise bad_request(f"This model's maximum context length is {m.max_model_len} tokens. However, an input "
-                              f"is {len(x)} tokens. Please reduce its length.", param="input",
-                              code="context_length_exceeded")
         try:
             m.engine.check_embed(x, m.pooling)
         except ValueError as e:
