@@ -86,6 +86,23 @@ def test_the_native_engine_stays_inside_the_engine_layer():
     assert not bad, "\n".join(bad)
 
 
+def test_wire_framing_is_the_servers():
+    """SSE and JSON encoding are HTTP: below the server the layers hand up response models and events
+    (openai/streaming.py), never bytes framed for the wire, and never import an HTTP framework."""
+    bad = []
+    for path, module in _modules():
+        if _layer(module) not in ("engine", "openai"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        bad += [f"{module}:{n.lineno} frames SSE: {n.value!r}" for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, bytes) and n.value.startswith(b"data:")]
+        bad += [f"{module}:{n.lineno} imports {a.name}" for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names if a.name.split(".")[0] in ("quart", "hypercorn")]
+        bad += [f"{module}:{n.lineno} imports {n.module}" for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in ("quart", "hypercorn")]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_function_over_60_lines():
     """The house rule (scripts/function_lengths.py), held by the suite."""
     import subprocess

@@ -1,7 +1,7 @@
 """The OpenAI response models (pydantic v2), in OpenAI's field order; `/openapi.json` describes them.
 
 Responses are pyserve's own data, so they are built without validation (`model_construct`: chunks are on
-every token's path) and serialized with `exclude_unset` (sse.dumps): every field is passed explicitly, and
+every token's path) and serialized with `exclude_unset` (server/sse.py: dumps): every field is passed explicitly, and
 one that a response leaves out on purpose (a delta's `role` after the first chunk, `usage` when the client
 did not ask for it, `token_strs` unless asked) is absent from its JSON, as in OpenAI's.
 """

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import AsyncIterator, Optional, Union
+from typing import Optional, Union
 
 import trio
 
@@ -13,6 +13,7 @@ from .protocol import ChatCompletionRequest, ChatPrompt
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                         ChoiceLogprobs, DeltaMessage, Usage, now)
 from .served_model import ServedModel
+from .streaming import EventStream
 from .serving_common import (Choice, chat_logprobs, check_constraint, collect, engine_requests, stream_events,
                              vllm_prompt_logprobs)
 from .tool_parsers import ParseResult, detect_tool_parser
@@ -25,7 +26,7 @@ class ChatServing:
         self.model = model
 
     async def create(self, req: ChatCompletionRequest,
-                     ctx: RequestContext) -> Union[ChatCompletionResponse, AsyncIterator[bytes]]:
+                     ctx: RequestContext) -> Union[ChatCompletionResponse, EventStream]:
         self.model.check_name(req.model)
         self.model.check_text_size(req.text_bytes(), "messages")
         plan = self.tool_plan(req)

@@ -20,7 +20,7 @@ from ..engine.structured import StructuredOutputsParams
 from .protocol import _Sampling
 from .responses import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob, Usage, usage
 from .served_model import ServedModel
-from .sse import DONE, SHUTDOWN, STALLED, EngineRequest, StallWatch, choice_outputs, event
+from .streaming import DONE, SHUTDOWN, STALLED, EngineRequest, EventStream, StallWatch, choice_outputs
 
 log = logging.getLogger("pyserve.server")
 _engine_ids = itertools.count()
@@ -161,37 +161,42 @@ class ChunkMaker(Protocol):
         """The closing usage chunk (sent when the client asked for it)."""
 
 
-async def stream_events(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest], ticket,
-                        chunks: ChunkMaker, include_usage: bool) -> AsyncIterator[bytes]:
-    """The SSE body: every engine step's chunks in one write, then the usage chunk if asked, then [DONE].
-    Errors end the stream with an error event and [DONE]; Cancelled (the client left) ends it silently."""
+def stream_events(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest], ticket,
+                  chunks: ChunkMaker, include_usage: bool) -> EventStream:
+    """The streamed response: every engine step's chunks in one batch, then the usage chunk if asked, then
+    DONE. Errors end the stream with an error event and DONE; Cancelled (the client left) ends it silently."""
+    return EventStream(_events(model, ctx, requests, ticket, chunks, include_usage))
+
+
+async def _events(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest], ticket,
+                  chunks: ChunkMaker, include_usage: bool) -> AsyncIterator[list]:
     counter = UsageCounter(prompt_tokens(requests))
     stall = StallWatch(ctx.stall_timeout, ctx.on_stall)
     obs, outcome = ctx.observer, "abort"
     obs.start(counter.n_prompt, stream=True)  # here, not before: a body never started never runs its finally
     try:
-        yield b"".join(event(c) for c in chunks.first())
+        yield chunks.first()
         async with choice_outputs(model.engine, requests, ctx.draining, stall) as recv:
             async for batch in recv:
                 if batch[0] is SHUTDOWN or batch[0] is STALLED:
                     outcome = "error"
-                    yield event(_interrupted(batch[0]).body()) + DONE
+                    yield [_interrupted(batch[0]).body(), DONE]
                     return
-                data, k, failure = _write(obs, batch, chunks, counter)
+                events, k, failure = _batch_events(obs, batch, chunks, counter)
                 if failure is not None:
                     outcome = "error"
-                    yield data + event(failure.body()) + DONE
+                    yield events + [failure.body(), DONE]
                     return
                 obs.writing(k)
                 stall.writing()
-                yield data
+                yield events
                 stall.written()
-        yield (event(chunks.usage(counter.usage())) if include_usage else b"") + DONE
+        yield ([chunks.usage(counter.usage())] if include_usage else []) + [DONE]
         outcome = "ok"
     except Exception as e:  # noqa: BLE001 - a bug; the client still gets a well-formed end
         log.exception("stream failed")
         outcome = "error"
-        yield event(server_error(f"internal error: {type(e).__name__}: {e}").body()) + DONE
+        yield [server_error(f"internal error: {type(e).__name__}: {e}").body(), DONE]
     finally:
         ticket.release()
         obs.end(outcome)
@@ -203,16 +208,16 @@ def _interrupted(sentinel) -> OpenAIError:
     return server_error("client stopped reading: request aborted", 408)  # (counted when the watch fired)
 
 
-def _write(obs, batch: list, chunks: ChunkMaker, counter: UsageCounter) -> tuple[bytes, int, Optional[OpenAIError]]:
+def _batch_events(obs, batch: list, chunks: ChunkMaker, counter: UsageCounter) -> tuple[list, int, Optional[OpenAIError]]:
     """The events of a batch's deltas up to its first failure, their token count, and that failure."""
-    buf, k = [], 0
+    events, k = [], 0
     for idx, out in batch:
         if _failed(out):
-            return b"".join(buf), k, _engine_failure(out)
+            return events, k, _engine_failure(out)
         k += obs.output(out)
         counter.add(out)
-        buf.extend(event(c) for c in chunks.delta(idx, out))
-    return b"".join(buf), k, None
+        events.extend(chunks.delta(idx, out))
+    return events, k, None
 
 
 # ---- logprobs ----

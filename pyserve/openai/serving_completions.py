@@ -1,13 +1,14 @@
 """/v1/completions: prompts (text or token ids) → engine requests → a CompletionResponse or an SSE body."""
 from __future__ import annotations
 
-from typing import AsyncIterator, Optional, Union
+from typing import Optional, Union
 
 from ..engine.output_processor import RequestState
 from .context import RequestContext
 from .protocol import CompletionRequest
 from .responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage, now
 from .served_model import ServedModel
+from .streaming import EventStream
 from .serving_common import (Choice, collect, completion_logprobs, engine_requests, stream_events, token_pieces,
                              vllm_prompt_logprobs)
 
@@ -17,7 +18,7 @@ class CompletionServing:
         self.model = model
 
     async def create(self, req: CompletionRequest,
-                     ctx: RequestContext) -> Union[CompletionResponse, AsyncIterator[bytes]]:
+                     ctx: RequestContext) -> Union[CompletionResponse, EventStream]:
         self.model.check_name(req.model)
         prompts = [self._ids(p, req.add_special_tokens is not False) for p in req.prompts]
         rid = ctx.response_id("cmpl")

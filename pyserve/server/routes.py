@@ -33,7 +33,7 @@ def _generation_routes(app: QuartTrio, state) -> None:
     async def completions():
         req = await _body(CompletionRequest)
         serving = await state.serving(req.model)
-        return reply(await serving.completions.create(req, state.context()))
+        return reply(await serving.completions.create(req, state.context()), bool(req.stream))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
@@ -47,7 +47,7 @@ def _generation_routes(app: QuartTrio, state) -> None:
     async def chat_completions():
         req = await _body(ChatCompletionRequest)
         serving = await state.serving(req.model)
-        return reply(await serving.chat.create(req, state.context()))
+        return reply(await serving.chat.create(req, state.context()), bool(req.stream))
 
 
 def _token_routes(app: QuartTrio, state) -> None:

@@ -1,35 +1,44 @@
-"""Server-sent events, and the producer that runs one response's engine requests.
+"""A streamed response as the serving layer makes it, and the producer that runs its engine requests.
+
+The serving layer streams *events*, never bytes: an `EventStream` yields batches (lists) of them, each batch
+one engine step's events, which the server writes in one body write; how an event is framed on the wire
+(SSE's `data:` / `event:` lines, JSON) is the server's (server/sse.py). An event is a response model or a dict
+(a `data:` event), a `Named` one (an `event:` name, as the Responses and Messages APIs send), or `DONE`
+(OpenAI's closing `[DONE]`).
 
 `choice_outputs` runs every prompt of a response as one `AsyncLLM.generate` (its n choices forked in the
-engine) in one nursery and hands the consumer batches: everything that arrived since the last batch, so
-the events of one engine step go out in one body write. It runs as a `trio.as_safe_channel` generator: the
-consumer (the HTTP response body) owns it with `async with`, so when the consumer is cancelled (client
-disconnect) or stops early, the nursery is cancelled and each generate's `finally` aborts its engine request.
+engine) in one nursery and hands the consumer batches: everything that arrived since the last batch. It runs
+as a `trio.as_safe_channel` generator: the consumer (the HTTP response body) owns it with `async with`, so when
+the consumer is cancelled (client disconnect) or stops early, the nursery is cancelled and each generate's
+`finally` aborts its engine request.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import AsyncIterator, Optional
 
 import trio
-from pydantic import BaseModel
-
-DONE = b"data: [DONE]\n\n"
-HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-           "X-Accel-Buffering": "no"}
 
 
-def dumps(obj) -> bytes:
-    """JSON as compact UTF-8; a response model without the fields it did not set (see responses.py)."""
-    if isinstance(obj, BaseModel):
-        return obj.model_dump_json(exclude_unset=True).encode()
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+class Done:
+    """OpenAI's end of a stream (`data: [DONE]`)."""
 
 
-def event(obj) -> bytes:
-    return b"data: " + dumps(obj) + b"\n\n"
+DONE = Done()
+
+
+@dataclass(frozen=True)
+class Named:
+    """An event with a name (SSE's `event:` line) and its data (a response model or a dict)."""
+    name: str
+    data: object
+
+
+@dataclass
+class EventStream:
+    """A streamed response: `batches` yields lists of events, each list written at once."""
+    batches: AsyncIterator[list]
 
 
 @dataclass
