@@ -122,3 +122,11 @@ def test_token_prompt_and_detokenize(llm):
     out = llm.generate([{"prompt_token_ids": [2, 651, 6037]}], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert out.prompt_token_ids == [2, 651, 6037] and len(out.outputs[0].token_ids) == 8
     assert llm.detokenize(llm.tokenize("héllo wörld 🙂", add_special=False)) == "héllo wörld 🙂"
+
+
+def test_the_header_is_converted_once_and_read_only(llm):
+    """The GGUF header (its vocabulary: 262k strings) crosses from C++ once, at load; callers cannot change it."""
+    assert llm.metadata is llm.metadata and llm.hparams is llm.hparams
+    assert llm.metadata["general.architecture"] == llm.hparams["arch"] == "gemma3"
+    with pytest.raises(TypeError):
+        llm.metadata["general.architecture"] = "llama"

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional, Sequence, Union
+from types import MappingProxyType
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -34,7 +35,10 @@ class LLM:
             options = options.replace(speculative_ngram=draft_tokens(None, speculative_config))
         self.model_path = resolve_model(model)
         self.engine = _engine.Engine(self.model_path, **options.as_dict())
-        self.tokenizer = Tokenizer.from_gguf_metadata(self.engine.metadata)
+        # the file's header, converted once (the vocabulary alone is ~260k strings); read-only
+        self._metadata = MappingProxyType(self.engine.metadata)
+        self._hparams = MappingProxyType(self.engine.hparams)
+        self.tokenizer = Tokenizer.from_gguf_metadata(self._metadata)
         self.engine.eos_ids = list(self.tokenizer.eos_ids)
         self.grammars = GrammarCompiler(self.tokenizer, self.engine.hparams["n_vocab"])
         self._ids = itertools.count()
@@ -50,12 +54,13 @@ class LLM:
         return EngineOptions.from_config(self.engine.config)
 
     @property
-    def hparams(self) -> dict:
-        return self.engine.hparams
+    def hparams(self) -> Mapping:
+        return self._hparams
 
     @property
-    def metadata(self) -> dict:
-        return self.engine.metadata
+    def metadata(self) -> Mapping:
+        """The GGUF header's key-value pairs (read-only)."""
+        return self._metadata
 
     @property
     def max_model_len(self) -> int:

@@ -37,5 +37,5 @@ def server_info(state) -> dict:
 def model_info(model: ServedModel) -> dict:
     engine = model.engine
     meta = {k: v for k, v in engine.metadata.items() if k not in _BIG_KEYS}
-    return {"model": model.name, "path": engine.model_path, "hparams": engine.hparams, "metadata": meta,
+    return {"model": model.name, "path": engine.model_path, "hparams": dict(engine.hparams), "metadata": meta,
             **sglang_model_info(model)}  # sglang-router reads model_type and architectures here
