@@ -153,3 +153,38 @@ def test_template_endpoints_refuse_what_chat_refuses(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
         r = httpx.post(server.url + path, json={"messages": ASK, "tools": [WEATHER, WEATHER]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def test_byte_fallback_tokens_keep_the_offsets_on_the_text(server):
+    """Characters outside the vocabulary are spelled by byte tokens: a token whose bytes leave a character
+    incomplete adds "", the one completing it the character, so no offset drifts past what precedes it."""
+    prompt = "Signs 𓀀 and 🜁 mean"
+    ids = _ids(server, prompt)
+    body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 5, "temperature": 0}
+    c = _post(server, "/v1/completions", body)["choices"][0]
+    lp = c["logprobs"]
+    assert c["text"].startswith(prompt) and "".join(lp["tokens"][:len(ids)]) == prompt
+    assert lp["tokens"][:len(ids)].count("") >= 1 + 3 + 3  # <bos>, and three bytes of each 4-byte character
+    assert lp["text_offset"][len(ids)] == len(prompt)
+    _check_consistent(c["text"], lp, len(ids))
+    text, streamed = streamed_logprobs(server, body)
+    assert text == c["text"] and streamed == lp
+
+
+def test_a_stop_string_inside_a_token_cuts_its_entry_with_the_text(server):
+    """The text ends where the stop string starts, inside a token: that token's entry keeps what is left of
+    it, the ones after it "", so every entry and offset stays inside the text."""
+    body = {"prompt": PROMPT, "logprobs": 1, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    free = _post(server, "/v1/completions", body)["choices"][0]
+    pieces = free["logprobs"]["tokens"]
+    k = next(i for i, p in enumerate(pieces) if i > 0 and len(p.strip()) >= 3)  # a word of 3+ letters
+    stop = pieces[k][2:] + "".join(pieces[k + 1:k + 3])
+    c = _post(server, "/v1/completions", dict(body, stop=[stop]))["choices"][0]
+    expect = "".join(pieces[:k]) + pieces[k][:2]
+    assert c["text"] == expect and c["finish_reason"] == "stop"
+    lp = c["logprobs"]
+    assert "".join(lp["tokens"]) == c["text"] and lp["tokens"][k] == pieces[k][:2]
+    assert all(off <= len(c["text"]) for off in lp["text_offset"])
+    assert lp["text_offset"] == [sum(map(len, lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    text, streamed = streamed_logprobs(server, dict(body, stop=[stop]))
+    assert text == c["text"] and streamed == lp  # a token's entry waited while the stop string held its text

@@ -15,6 +15,7 @@ from typing import AsyncIterator, Optional, Protocol
 
 from .context import Demand, RequestContext
 from .errors import OpenAIError, bad_request, from_engine, server_error
+from ..engine.detokenizer import IncrementalDetokenizer
 from ..engine.output_processor import ranked
 from ..engine.structured import StructuredOutputsParams
 from .protocol import _Sampling
@@ -226,31 +227,51 @@ def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
     return ranked(entry)[:k]
 
 
-def token_pieces(model: ServedModel, token_ids: list[int], skip_special: bool, fresh: bool = False,
-                 silent_last: bool = False) -> list[str]:
+class Pieces:
     """The one rule of a completion's `text`, `tokens` and `text_offset`, echoed prompt and generated part
-    alike: each token's entry is what it adds to `text`, so the running length of the entries is where each
-    starts. A token adds its own text, but "" for a special (control / unknown) token while
-    skip_special_tokens is on (the default, as the generated text already does: an echoed `<bos>` adds
-    nothing, the echo starts with the prompt, and lm-eval still gets one entry per prompt token), "" for the
-    stop token that ends a choice (`silent_last`: it writes no text), and where nothing precedes it
-    (`fresh`) the first text loses a SentencePiece space prefix, as decode and the detokenizer drop it."""
+    alike: each token's entry is the text it adds — what the detokenizer writes for it, so the entries join to
+    the text and the running length of the entries is where each starts. A token adds "" for a special
+    (control / unknown) token while skip_special_tokens is on (the default, as the generated text does: an
+    echoed `<bos>` adds nothing, the echo starts with the prompt, and lm-eval still gets one entry per prompt
+    token), "" while its bytes leave a character incomplete (a byte-fallback token; the one completing it
+    carries the character), and "" for the stop token that ends a choice (it writes no text); where nothing
+    precedes them (`prompt_ids` render nothing) the first text loses a SentencePiece space prefix, as decode
+    and the detokenizer drop it. One per echoed prompt and per choice, fed its tokens in order."""
+
+    def __init__(self, model: ServedModel, skip_special: bool, prompt_ids: list[int] = ()):
+        self.detok = IncrementalDetokenizer(model.tokenizer, prompt_ids, skip_special)
+
+    def take(self, token_ids: list[int], silent_last: bool = False, final: bool = False) -> list[str]:
+        """The entries of the next tokens; `final`: the last ones (what is still held back goes on the last
+        token that wrote, as the detokenizer flushes it into the last text)."""
+        fed = token_ids[:-1] if silent_last and token_ids else token_ids
+        out = [self.detok.add(t) for t in fed]
+        if final and (rest := self.detok.flush()):
+            if out:
+                out[-1] += rest
+            else:
+                out.append(rest)
+        return out + [""] * (len(token_ids) - len(out))
+
+
+def clip(pieces: list[str], room: int) -> list[str]:
+    """The entries cut to the first `room` characters of their text (a stop string cut the text short: the
+    tokens that wrote it keep their places, with what of them is left, "" past the end)."""
     out = []
-    for tid in token_ids:
-        b = model.tokenizer.piece(tid, skip_special)
-        if fresh and b:
-            fresh = False
-            if model.tokenizer.add_space_prefix and b[:1] == b" ":
-                b = b[1:]
-        out.append(b.decode("utf-8", errors="replace"))
-    if silent_last and out:
-        out[-1] = ""
+    for p in pieces:
+        out.append(p[:max(room, 0)])
+        room -= len(p)
     return out
+
+
+def piece_name(model: ServedModel, tid: int, skip_special: bool) -> str:
+    """A token's own text, alone (a top alternative's name)."""
+    return model.tokenizer.piece(tid, skip_special).decode("utf-8", errors="replace")
 
 
 def completion_logprobs(model: ServedModel, token_ids: list[int], pieces: list[str], entries: list, k: int,
                         skip_special: bool, offset: int) -> tuple[CompletionLogprobs, int]:
-    """Completions' logprobs: each token's entry (`pieces`, token_pieces' rule), its logprob, its top-k as
+    """Completions' logprobs: each token's entry (`pieces`, Pieces' rule), its logprob, its top-k as
     {text: logprob} with the token itself always among them (so up to k + 1 entries, as OpenAI), its text
     offset. Returns them with the offset after the last token. An entry may be None (an echoed prompt's
     first token: nothing precedes it), and its logprob and top are then null, as lm-eval reads them."""
@@ -274,7 +295,7 @@ def _tops_with(model: ServedModel, entry: dict, tid: int, name: str, k: int, ski
         best.append((tid, entry.get(tid)))
     out: dict[str, float] = {}
     for t, v in best:
-        key = name if t == tid else token_pieces(model, [t], skip_special)[0]
+        key = name if t == tid else piece_name(model, t, skip_special)
         if t == tid or key not in out:
             out[key] = v
     return out

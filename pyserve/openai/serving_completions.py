@@ -9,7 +9,7 @@ from .protocol import CompletionRequest
 from .responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage, now
 from .served_model import ServedModel
 from .streaming import EventStream
-from .serving_common import (Choice, collect, completion_logprobs, engine_requests, stream_events, token_pieces,
+from .serving_common import (Choice, Pieces, clip, collect, completion_logprobs, engine_requests, stream_events,
                              vllm_prompt_logprobs)
 
 
@@ -42,37 +42,53 @@ def _silent_ids(model: ServedModel, params) -> frozenset:
 
 class _Shapes:
     """The response and chunk shapes of one completions request. Its text, `tokens` and `text_offset` follow
-    one rule (serving_common.token_pieces): the echo is the prompt's pieces joined, each entry a piece."""
+    one rule (serving_common.Pieces): the echo is the prompt's pieces joined, each entry a piece."""
 
     def __init__(self, model: ServedModel, req: CompletionRequest, rid: str, prompts: list[list[int]],
                  silent_ids: frozenset):
         self.model, self.req, self.rid, self.created = model, req, rid, now()
         self.prompts, self.silent_ids = prompts, silent_ids
         self.skip = req.skip_special_tokens is not False
-        self.echoes = [token_pieces(model, p, self.skip, fresh=True) for p in prompts] if req.echo else None
-        # a choice's text starts fresh (a space prefix dropped) where its prompt writes none, as the detokenizer
-        self.blank = [model.tokenizer.add_space_prefix and not any(model.tokenizer.piece(t, self.skip) for t in p)
-                      for p in prompts]
-        self.fresh: dict[int, bool] = {}  # choice → no text yet
+        self.echoes = [Pieces(model, self.skip).take(p, final=True) for p in prompts] if req.echo else None
+        self.pieces: dict[int, Pieces] = {}  # choice → its tokens' entries so far
+        self.written: dict[int, int] = {}  # choice → characters its released entries hold
+        self.pending: dict[int, list] = {}  # choice → (token, entry, logprobs) its text does not cover yet
+        self.text_len: dict[int, int] = {}  # choice → characters of its text so far (streamed)
         self.offsets: dict[int, int] = {}  # choice → text offset of its next token
 
     def echo(self, index: int) -> str:
         return "".join(self.echoes[index // self.req.n_choices])
 
-    def _pieces(self, idx: int, token_ids: list[int], finish: Optional[str]) -> list[str]:
-        """What the choice's next tokens add to its text; the one that ends it "stop" adds nothing."""
+    def _ready(self, idx: int, token_ids: list[int], entries: list, finish: Optional[str],
+               text_len: int) -> list[tuple]:
+        """The choice's (token, entry in `tokens`, logprobs entry) that its text (`text_len` characters so far)
+        now covers, in order: a token whose text is held back (a possible stop string) waits with it, and at
+        the end what is left is cut where the text ends (a stop string cut it); the token that ends it "stop"
+        adds nothing."""
+        if idx not in self.pieces:
+            self.pieces[idx] = Pieces(self.model, self.skip, self.prompts[idx // self.req.n_choices])
         silent = finish == "stop" and bool(token_ids) and token_ids[-1] in self.silent_ids
-        fresh = self.fresh.get(idx, self.blank[idx // self.req.n_choices])
-        pieces = token_pieces(self.model, token_ids, self.skip, fresh, silent)
-        self.fresh[idx] = fresh and not any(pieces)
-        return pieces
+        pending = self.pending.setdefault(idx, [])
+        pending += zip(token_ids, self.pieces[idx].take(token_ids, silent, final=finish is not None), entries)
+        written, n = self.written.get(idx, 0), 0
+        if finish is not None:
+            cut = clip([p for _, p, _ in pending], text_len - written)
+            pending[:] = [(t, c, e) for (t, _, e), c in zip(pending, cut)]
+            n = len(pending)
+        while n < len(pending) and written + len(pending[n][1]) <= text_len:
+            written, n = written + len(pending[n][1]), n + 1
+        self.written[idx] = written if finish is None else text_len
+        ready, pending[:] = pending[:n], pending[n:]
+        return ready
 
-    def _logprobs(self, idx: int, token_ids: list[int], entries: list[dict], offset: int, finish: Optional[str]):
-        """(the logprobs of these tokens or None, the text offset after them)."""
+    def _logprobs(self, idx: int, token_ids: list[int], entries: list[dict], offset: int, finish: Optional[str],
+                  text_len: int):
+        """(the logprobs of the tokens ready (`_ready`) or None, the text offset after them)."""
         if self.req.logprobs is None:
             return None, offset
-        return completion_logprobs(self.model, token_ids, self._pieces(idx, token_ids, finish), entries,
-                                   self.req.logprobs, self.skip, offset)
+        ready = self._ready(idx, token_ids, entries, finish, text_len)
+        return completion_logprobs(self.model, [t for t, _, _ in ready], [p for _, p, _ in ready],
+                                   [e for _, _, e in ready], self.req.logprobs, self.skip, offset)
 
     def _with_prompt(self, idx: int, plp: Optional[list], lp):
         """Echo + logprobs: the prompt tokens' entries (first None) ahead of the generated ones, and the offset
@@ -101,7 +117,7 @@ class _Shapes:
         for idx in sorted(choices):
             c = choices[idx]
             text = (self.echo(idx) if self.req.echo else "") + c.text
-            lp, _ = self._logprobs(idx, c.token_ids, c.logprobs, 0, c.finish_reason)
+            lp, _ = self._logprobs(idx, c.token_ids, c.logprobs, 0, c.finish_reason, len(c.text))
             lp, _ = self._with_prompt(idx, c.prompt_logprobs, lp)
             out.append(CompletionChoice.model_construct(index=idx, text=text, finish_reason=c.finish_reason,
                                                         logprobs=lp, **self._extras(idx, c.prompt_logprobs)))
@@ -118,16 +134,18 @@ class _Shapes:
                                                               finish_reason=None)]) for i in range(n)]
 
     def delta(self, idx: int, out) -> list:
-        """A chunk for text, for the end, and for tokens whose logprobs were asked even while their text is
-        held back (a partial UTF-8 character, a possible stop string): every entry goes out once, in order."""
+        """A chunk for text, for the end, and for tokens whose logprobs were asked once their text is out (a
+        token's entry waits while a possible stop string holds its text back): every entry goes out once, in
+        order, with the text it is an entry of."""
         first = idx not in self.offsets
+        self.text_len[idx] = self.text_len.get(idx, 0) + len(out.text_delta)
         lp, self.offsets[idx] = self._logprobs(idx, out.token_ids_delta, out.logprobs_delta or [],
-                                               self.offsets.get(idx, 0), out.finish_reason)
+                                               self.offsets.get(idx, 0), out.finish_reason, self.text_len[idx])
         if first:
             lp, end = self._with_prompt(idx, out.prompt_logprobs, lp)
             if end is not None:
                 self.offsets[idx] += end
-        if not out.text_delta and not out.finish_reason and lp is None:
+        if not out.text_delta and not out.finish_reason and (lp is None or not lp.tokens):
             return []
         return [self._chunk([CompletionChoice.model_construct(index=idx, text=out.text_delta, logprobs=lp,
                                                               finish_reason=out.finish_reason,
