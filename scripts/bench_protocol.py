@@ -1,10 +1,14 @@
 """Request parsing time: the HTTP body (bytes) to a validated request, per endpoint, in microseconds.
 
-    python scripts/bench_protocol.py [--rounds 5] [--iters 20000] [--compare-with CHECKOUT]
+    python scripts/bench_protocol.py [--rounds 5] [--iters 20000] [--compare-with CHECKOUT] [--to-engine]
 
 --compare-with times the same bodies, in the same run, through the parser of an older checkout that still
 had `pyserve/protocol.py` (`parse_json` + `parse_chat` / `parse_completion`, before the pydantic protocol),
 e.g. `git worktree add /tmp/old 05f9f5e`.
+
+--to-engine adds each body's way on to the engine: parsed, `to_sampling_params`, then checked by a real
+engine twice (the serving layer's check, then what submitting converts), as the serving layer does per
+prompt; run it under another checkout's PYTHONPATH to time that checkout's bridge in the same sitting.
 
 Each body is parsed `iters` times per round; the best round's mean is printed (the machine is noisy; the
 best round is the least disturbed). Bodies: a short chat (3 messages), a long chat (40 messages), a chat with
@@ -37,6 +41,25 @@ BODIES = {
     "completion, 4 x 64 ids": (CompletionRequest, {"model": "m", "prompt": [list(range(2, 66))] * 4,
                                                   "max_tokens": 8, "logprobs": 2}),
 }
+
+
+def time_to_engine(model, data: bytes, iters: int, engine) -> float:
+    from pyserve.engine.engine_request import EngineRequest
+
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        req = parse_body(model, data)
+        request = EngineRequest(None, [2, 3, 4], req.to_sampling_params(8))
+        request.check(engine)
+        request.check(engine)
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def _engine():
+    from pyserve import _engine
+    from pyserve.engine.model_source import resolve_model
+
+    return _engine.Engine(resolve_model(None), n_threads=1, n_ctx=256, num_kv_blocks=64)
 
 
 def time_one(model, data: bytes, iters: int) -> float:
@@ -75,8 +98,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--compare-with", metavar="CHECKOUT", help="an older checkout to time beside this one")
+    ap.add_argument("--to-engine", action="store_true", help="time parse + to_sampling_params + engine checks")
     args = ap.parse_args()
     rows = [(name, model, json.dumps(body).encode()) for name, (model, body) in BODIES.items()]
+    if args.to_engine:
+        engine = _engine()
+        times = [min(time_to_engine(m, d, args.iters, engine) for _ in range(args.rounds)) for _, m, d in rows]
+        print(f"{'body':28s} {'us: parse to engine':>20s}")
+        for (name, _, _), t in zip(rows, times):
+            print(f"{name:28s} {t:20.2f}")
+        return
     new = [min(time_one(m, d, args.iters) for _ in range(args.rounds)) for _, m, d in rows]
     old = None
     if args.compare_with:

@@ -173,6 +173,8 @@ def test_sampling_params_build_the_engines_config_once():
     assert (config.temperature, config.top_k, config.logprobs, config.logit_bias) == (0.5, 7, 2, [(12, 3.0)])
     p.top_k = 3
     assert p.engine_config() is not config and p.engine_config().top_k == 3
+    p.logit_bias[13] = -4.0  # in place
+    assert sorted(p.engine_config().logit_bias) == [(12, 3.0), (13, -4.0)]
     p.top_p = 0.0
     with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 0"):
         p.engine_config()

@@ -41,11 +41,6 @@ class SamplingParams:
         self.logit_bias = self.logit_bias or {}  # its ids and values are converted (and checked) once, by the engine
         self._check()
 
-    def __setattr__(self, name: str, value) -> None:
-        super().__setattr__(name, value)
-        if name in _ENGINE_FIELDS:  # changed after construction: the engine's copy is made (and checked) again
-            self.__dict__.pop("_config", None)
-
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_config"}  # a copy or a pickle rebuilds it
 
@@ -68,20 +63,27 @@ class SamplingParams:
     def engine_config(self):
         """The C++ sampler's parameters of the request (an _engine.SamplingConfig, built once; its n samples
         draw with seed + 0 … n-1: the engine's fork). ValueError naming the parameter the engine refuses."""
-        config = self.__dict__.get("_config")
-        if config is None:
-            from .. import _engine  # here, not at import: `import pyserve` does not load the extension
+        made = self.__dict__.get("_config")
+        values = self._engine_values()
+        if made is not None and made[0] == values:  # (a field changed since: made, and checked, again)
+            return made[1]
+        from .. import _engine  # here, not at import: `import pyserve` does not load the extension
 
-            config = self.__dict__["_config"] = _engine.SamplingConfig(**self.engine_sampling())
+        config = _engine.SamplingConfig(**dict(zip(_SAMPLER_FIELDS, values)))
+        bias = _SAMPLER_FIELDS.index("logit_bias")  # kept as a copy: a change made in place is seen too
+        self.__dict__["_config"] = (values[:bias] + (dict(values[bias]),) + values[bias + 1:], config)
         return config
+
+    def _engine_values(self) -> tuple:
+        return (self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.presence_penalty,
+                self.frequency_penalty, self.seed, self.logit_bias, self.min_tokens,
+                -1 if self.logprobs is None else self.logprobs)
 
     def engine_sampling(self) -> dict:
         """engine_config's keys and values, as a dict (the native API's `sampling`)."""
-        return {name: getattr(self, name) for name in _SAMPLER_FIELDS} | {
-            "logprobs": -1 if self.logprobs is None else self.logprobs}
+        return dict(zip(_SAMPLER_FIELDS, self._engine_values()))
 
 
-# The fields the engine's sampler takes as they are, and every field its SamplingConfig is built from
+# The engine sampler's parameters, in _engine_values' order
 _SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "logit_bias", "min_tokens")
-_ENGINE_FIELDS = frozenset(_SAMPLER_FIELDS + ("logprobs",))
+                   "frequency_penalty", "seed", "logit_bias", "min_tokens", "logprobs")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
                       ValidationInfo)
 from pydantic import field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -308,7 +308,8 @@ class _Sampling(_Model):
     guided_whitespace_pattern: Optional[str] = None
     json_schema: Optional[Union[dict, bool]] = None
     grammar: Optional[str] = None
-    _constraint: Optional[tuple] = PrivateAttr(default=None)  # structured(), once resolved
+    # structured(), once resolved: a plain slot (a pydantic private attribute costs microseconds a request)
+    __slots__ = ("_constraint",)
 
     @field_validator("logit_bias", check_fields=False)
     @classmethod
@@ -321,16 +322,18 @@ class _Sampling(_Model):
             raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise unsupported("best_of other than n", "best_of")
-        self.structured()  # at most one constraint, each well-formed: a 400 at parse time
+        object.__setattr__(self, "_constraint", self._resolve_constraint())  # at most one, well-formed: a 400 now
         return self
 
     def structured(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
         """(the request's constraint, the field that carried it), or (None, None), resolved once. Two
         constraints, or a malformed one (an empty choice, two kinds in structured_outputs), is a 400 naming
         the fields."""
-        if self._constraint is None:
-            self._constraint = self._resolve_constraint()
-        return self._constraint
+        try:
+            return self._constraint
+        except AttributeError:  # not set yet (a model made without validation)
+            object.__setattr__(self, "_constraint", self._resolve_constraint())
+            return self._constraint
 
     def _resolve_constraint(self) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
         try:
