@@ -3,8 +3,9 @@
 `OpenAIError` is what the HTTP edge answers: {"error": {"message", "type", "param", "code"}} with a status.
 Below this layer errors are plain Python exceptions: pydantic's ValidationError (the request body),
 ValueError from the engine (its messages begin with the field they are about: "prompt: token id …",
-"temperature must be …"; ContextLengthError carries its numbers), ChatTemplateError. `from_validation` and `from_engine` turn them into OpenAIError,
-each in one place.
+"temperature must be …"; ContextLengthError carries its numbers), ChatTemplateError, the grammar compiler's
+ValueError. `from_validation`, `from_engine`, `from_template` and `from_constraint` turn them into OpenAIError,
+each in one place; the server's error handlers (server/app.py) turn an OpenAIError into the HTTP response.
 """
 from __future__ import annotations
 
@@ -123,3 +124,13 @@ def context_length_exceeded(e: ContextLengthError, prompt_param: str, max_tokens
     room = ", leaving no room for the completion" if e.max_tokens else ""
     return bad_request(f"{head}your prompt is {e.n_prompt} tokens{room}. Please reduce the length of the prompt.",
                        param=prompt_param, code="context_length_exceeded")
+
+
+def from_template(e: Exception, param: str) -> OpenAIError:
+    """A chat template that failed to render (ChatTemplateError: its message is the user's)."""
+    return bad_request(str(e), param=param, code="chat_template_error")
+
+
+def from_constraint(e: ValueError, field_name: str) -> OpenAIError:
+    """A constraint the grammar compiler refused (its message says why), named by the field that carried it."""
+    return bad_request(f"'{field_name}': {e}", param=field_name, code="invalid_constraint")

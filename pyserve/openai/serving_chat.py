@@ -8,7 +8,7 @@ import trio
 
 from .chat_template import ChatTemplate, ChatTemplateError, decode_tool_call_arguments
 from .context import RequestContext
-from .errors import bad_request
+from .errors import bad_request, from_template
 from .protocol import ChatCompletionRequest, ChatPrompt
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                         ChoiceLogprobs, DeltaMessage, Usage, now)
@@ -77,8 +77,7 @@ class ChatServing:
         try:
             text = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
         except ChatTemplateError as e:
-            raise bad_request(str(e), param="chat_template" if template is not None else "messages",
-                              code="chat_template_error") from None
+            raise from_template(e, "chat_template" if template is not None else "messages") from None
         return _open_final_message(text, dicts[-1]) if req.continue_final_message else text
 
     def _template_kind(self, template: Optional[str]) -> type:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Protocol
 
 from .context import Demand, RequestContext
-from .errors import OpenAIError, bad_request, from_engine, server_error
+from .errors import OpenAIError, from_constraint, from_engine, server_error
 from ..engine.detokenizer import IncrementalDetokenizer
 from ..engine.output_processor import ranked
 from ..engine.structured import StructuredOutputsParams
@@ -66,7 +66,7 @@ async def check_constraint(model: ServedModel, so: Optional[StructuredOutputsPar
     try:
         await model.engine.compile_grammar(so)
     except ValueError as e:
-        raise bad_request(f"'{field_name}': {e}", param=field_name, code="invalid_constraint") from None
+        raise from_constraint(e, field_name) from None
 
 
 def _failed(out) -> bool:
