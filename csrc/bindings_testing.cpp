@@ -19,6 +19,7 @@
 #include "sampler.h"
 #include "scheduler.h"
 #include "sequence.h"
+#include "sequence_groups.h"
 #include "simd.h"
 #include "step_cost.h"
 #include "threadpool.h"
@@ -236,15 +237,17 @@ class PyBlockManager {
   std::map<int, BlockTable> tables_;
 };
 
-// Drives the real Scheduler with fake sequences: a step marks the scheduled tokens computed and gives each
-// sampling sequence a made-up token (1000 × (index + 1) + its generated count), forking n > 1 requests as
-// the engine does. Everything the engine does but the forward and the sampler.
+// Drives the real Scheduler with fake sequences through the engine's own lifecycle (SequenceGroups: admission,
+// the fork of n > 1 requests, finishes and aborts): a step marks the scheduled tokens computed and gives each
+// sampling sequence a made-up token (1000 × (index + 1) + its generated count). Everything the engine does
+// but the forward and the sampler.
 class SchedulerSim {
  public:
   SchedulerSim(int num_blocks, int block_size, int max_num_seqs, int max_batched_tokens, bool prefix_caching,
                int spec_rows)
       : bm_(num_blocks, block_size, prefix_caching),
         sched_(SchedulerConfig{max_num_seqs, max_batched_tokens, block_size, 16, spec_rows}, bm_),
+        groups_(sched_, [](const std::string&) {}),
         max_num_seqs_(max_num_seqs) {}
 
   // Plans against a fixed step-cost model: MACs per row / sampled row / context position, a floor (s) and a
@@ -263,24 +266,14 @@ class SchedulerSim {
   void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n) {
     if (tokens.empty() || max_tokens < 1 || n < 1 || n > max_num_seqs_)
       throw std::invalid_argument("empty prompt, max_tokens < 1, or n outside [1, max_num_seqs]");
-    if (groups_.count(id)) throw std::invalid_argument("duplicate request id '" + id + "'");
-    auto seq = std::make_unique<Sequence>();
-    seq->id = id;
-    seq->n_prompt = (int)tokens.size();
-    seq->tokens = std::move(tokens);
-    seq->stop.max_tokens = max_tokens;
-    if (n > 1)
-      for (int i = 0; i < n; i++) seq->pending_samples.push_back(i);
-    sched_.add(seq.get());
-    groups_[id].push_back(std::move(seq));
+    if (groups_.contains(id)) throw std::invalid_argument("duplicate request id '" + id + "'");
+    StopConfig stop;
+    stop.max_tokens = max_tokens;
+    groups_.admit(request_sequence(id, std::move(tokens), std::move(stop), n));
   }
 
-  void abort(const std::string& id) {
-    auto it = groups_.find(id);
-    if (it == groups_.end()) return;
-    for (auto& s : it->second) sched_.remove(s.get());
-    groups_.erase(it);
-  }
+  // Ends sample `index` of the request (< 0: all of them) at once, as the engine's next step would.
+  void abort(const std::string& id, int index) { groups_.abort(id, index, [](const Sequence&, int) {}); }
 
   // drafts: {(id, index): tokens} proposed for decoding sequences this step (the engine's n-gram drafts); a
   // drafted token is accepted while it equals the made-up token the sim draws there.
@@ -295,14 +288,8 @@ class SchedulerSim {
     py::list scheduled, finished, tokens;
     for (const ScheduledSeq& s : sc.seqs)
       scheduled.append(py::make_tuple(s.seq->id, index_of(s.seq), s.seq->n_computed, s.n_tokens, s.sample));
-    for (const ScheduledSeq& s : sc.seqs) {
-      Sequence* seq = s.seq;
-      sched_.computed(seq, s.n_tokens - (int)seq->draft.size());
-      if (!s.sample) continue;
-      std::vector<Sequence*> drawers{seq};
-      if (!seq->pending_samples.empty()) drawers = fork(seq);
-      for (Sequence* d : drawers) draw(d, tokens, finished);
-    }
+    for (const ScheduledSeq& s : sc.seqs)
+      for (Sequence* d : groups_.computed(s)) draw(d, tokens, finished);
     return py::dict(py::arg("scheduled") = scheduled, py::arg("copies") = sc.copies, py::arg("tokens") = tokens,
                     py::arg("finished") = finished);
   }
@@ -318,9 +305,8 @@ class SchedulerSim {
     return l;
   }
   const Sequence& seq(const std::string& id, int index) const {
-    auto it = groups_.find(id);
-    if (it != groups_.end())
-      for (auto& s : it->second)
+    if (const SequenceGroups::Group* g = groups_.find(id))
+      for (auto& s : *g)
         if (index_of(s.get()) == index) return *s;
     throw std::invalid_argument("no live sequence '" + id + "' #" + std::to_string(index));
   }
@@ -335,22 +321,8 @@ class SchedulerSim {
   bool has_work() const { return !groups_.empty(); }
 
  private:
+  // A sequence not forked yet answers to its first pending sample.
   static int index_of(const Sequence* s) { return s->pending_samples.empty() ? s->index : s->pending_samples[0]; }
-
-  std::vector<Sequence*> fork(Sequence* parent) {
-    std::vector<int> idx;
-    idx.swap(parent->pending_samples);
-    parent->index = idx[0];
-    std::vector<Sequence*> out{parent};
-    auto& group = groups_[parent->id];
-    for (size_t k = 1; k < idx.size(); k++) {
-      auto child = parent->sibling(idx[k]);
-      sched_.fork(parent, child.get());
-      out.push_back(child.get());
-      group.push_back(std::move(child));
-    }
-    return out;
-  }
 
   // d's made-up tokens: one, then one more per drafted token that matched, as the engine's verification.
   void draw(Sequence* d, py::list& tokens, py::list& finished) {
@@ -362,26 +334,15 @@ class SchedulerSim {
       done = d->n_generated() >= d->stop.max_tokens;
       if (done || j == d->draft.size() || tok != d->draft[j]) break;
     }
-    if (!d->draft.empty()) sched_.verified(d);
-    if (done) {
-      finished.append(py::make_tuple(d->id, d->index));
-      finish(d);
-    }
-  }
-
-  void finish(Sequence* seq) {
-    sched_.remove(seq);
-    auto it = groups_.find(seq->id);
-    auto& g = it->second;
-    g.erase(std::find_if(g.begin(), g.end(), [&](const auto& p) { return p.get() == seq; }));
-    if (g.empty()) groups_.erase(it);
+    if (done) finished.append(py::make_tuple(d->id, d->index));  // before drawn() ends d
+    groups_.drawn(d, done);
   }
 
   BlockManager bm_;  // before sched_, which holds a reference to it
-  Scheduler sched_;
+  Scheduler sched_;  // before groups_, likewise
+  SequenceGroups groups_;
   StepCostModel cost_;
   RowCosts row_costs_;
-  std::map<std::string, std::vector<std::unique_ptr<Sequence>>> groups_;
   int max_num_seqs_;
 };
 
@@ -434,7 +395,8 @@ void bind_testing(py::module_& m) {
            py::arg("spec_rows") = 8)
       .def("add", &SchedulerSim::add, py::arg("request_id"), py::arg("tokens"), py::arg("max_tokens"),
            py::arg("n") = 1)
-      .def("abort", &SchedulerSim::abort, py::arg("request_id"))
+      .def("abort", &SchedulerSim::abort, py::arg("request_id"), py::arg("index") = -1,
+           "ends sample `index` of the request (-1: every sample), its blocks back to the pool")
       .def("step", &SchedulerSim::step, py::arg("drafts") = SchedulerSim::Drafts{},
            "drafts {(id, index): tokens} for decoding sequences -> {scheduled: [(id, index, n_computed, "
            "n_tokens, sample)], copies: [(src, dst)], "

@@ -107,6 +107,10 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  groups_ = std::make_unique<SequenceGroups>(*scheduler_, [this](const std::string& id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    live_ids_.erase(id);
+  });
   cost_ = StepCostModel(step_macs(hp));
   if (cfg_.target_itl > 0) {
     calibrate();
@@ -187,28 +191,22 @@ void Engine::add(Request req) {
     if (!req.stop.ignore_eos) banned.insert(banned.end(), eos_ids_.begin(), eos_ids_.end());
   }
   const HParams& hp = model_->hparams();
-  const int n_prompt = (int)req.prompt.size();
-  auto seq = std::make_unique<Sequence>();
+  auto seq = request_sequence(std::move(req.id), std::move(req.prompt), std::move(req.stop), req.n);
   if (req.pooling != Pooling::NONE) {
     // an embedding draws nothing: no sampler
   } else if (req.n == 1) {
     seq->sampler = std::make_unique<Sampler>(req.sampling, hp.n_vocab);
-    seq->sampler->set_prompt(req.prompt);
+    seq->sampler->set_prompt(seq->tokens);
     if (req.grammar) seq->sampler->set_grammar(req.grammar->clone());
   } else {
     for (int i = 0; i < req.n; i++) {
       SamplingConfig c = req.sampling;
       if (c.seed >= 0) c.seed = (int64_t)(((uint64_t)c.seed + (uint64_t)i) & INT64_MAX);  // seed + i, wrapped in [0, 2^63)
       seq->fork_samplers.push_back(std::make_unique<Sampler>(c, hp.n_vocab));
-      seq->fork_samplers.back()->set_prompt(req.prompt);
+      seq->fork_samplers.back()->set_prompt(seq->tokens);
       if (req.grammar) seq->fork_samplers.back()->set_grammar(req.grammar->clone());  // each sample its own state
-      seq->pending_samples.push_back(i);
     }
   }
-  seq->id = std::move(req.id);
-  seq->n_prompt = n_prompt;
-  seq->tokens = std::move(req.prompt);
-  seq->stop = std::move(req.stop);
   seq->pooling = req.pooling;
   seq->normalize = req.normalize;
   seq->prompt_logprobs = req.prompt_logprobs;
@@ -233,72 +231,16 @@ void Engine::apply_pending(std::vector<StepOutput>& out) {
     adds.swap(inbox_add_);
     aborts.swap(inbox_abort_);
   }
-  for (auto& s : adds) {
-    scheduler_->add(s.get());
-    seqs_[s->id].push_back(std::move(s));
-  }
+  for (auto& s : adds) groups_->admit(std::move(s));
   for (const auto& [id, index] : aborts) abort_now(id, index, "abort", out);
 }
 
 // Ends sample `index` (< 0: every sample) of request id with `reason`, one output per sample ended.
 void Engine::abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return;
-  std::vector<Sequence*> live;
-  for (auto& s : it->second) live.push_back(s.get());
-  for (Sequence* seq : live) {
-    auto emit = [&](int idx) {
-      out.push_back(output_of(*seq, idx, monotonic_now()));
-      out.back().finish_reason = reason;
-    };
-    if (!seq->pending_samples.empty()) {  // not forked yet: it stands for these samples
-      std::vector<int>& p = seq->pending_samples;
-      if (index < 0) {
-        for (int idx : p) emit(idx);
-        p.clear();
-      } else if (std::find(p.begin(), p.end(), index) != p.end()) {
-        emit(index);
-        p.erase(std::find(p.begin(), p.end(), index));
-        seq->fork_samplers[index].reset();
-      }
-      if (p.empty()) finish(seq);
-    } else if (index < 0 || seq->index == index) {
-      emit(seq->index);
-      finish(seq);
-    }
-  }
-}
-
-void Engine::finish(Sequence* seq) {
-  scheduler_->remove(seq);
-  seq->status = SeqStatus::FINISHED;
-  std::string id = seq->id;
-  auto it = seqs_.find(id);
-  auto& group = it->second;
-  group.erase(std::find_if(group.begin(), group.end(), [&](const auto& p) { return p.get() == seq; }));
-  if (!group.empty()) return;
-  seqs_.erase(it);
-  std::lock_guard<std::mutex> lk(mu_);
-  live_ids_.erase(id);
-}
-
-std::vector<Sequence*> Engine::fork(Sequence* parent) {
-  std::vector<int> idx;
-  idx.swap(parent->pending_samples);
-  std::vector<std::unique_ptr<Sampler>> samplers;
-  samplers.swap(parent->fork_samplers);
-  std::vector<Sequence*> out{parent};
-  parent->index = idx[0];
-  parent->sampler = std::move(samplers[idx[0]]);
-  auto& group = seqs_[parent->id];
-  for (size_t k = 1; k < idx.size(); k++) {
-    auto child = parent->sibling(idx[k]);
-    child->sampler = std::move(samplers[idx[k]]);
-    scheduler_->fork(parent, child.get());
-    out.push_back(child.get());
-    group.push_back(std::move(child));
-  }
-  return out;
+  groups_->abort(id, index, [&](const Sequence& seq, int idx) {
+    out.push_back(output_of(seq, idx, monotonic_now()));
+    out.back().finish_reason = reason;
+  });
 }
 
 std::string Engine::finish_reason(const Sequence& seq, int32_t token, int n_tokens,
@@ -378,18 +320,13 @@ std::vector<std::pair<Sequence*, const float*>> Engine::computed(const Schedule&
   size_t row = 0;
   std::vector<std::pair<Sequence*, const float*>> draws;
   for (const ScheduledSeq& s : sched.seqs) {
-    Sequence* seq = s.seq;
-    const int drafted = (int)seq->draft.size();
-    scheduler_->computed(seq, s.n_tokens - drafted);
-    if (!s.sample) continue;
-    if (seq->prefill_only()) {
-      end_prefill(seq, t_step, out);
-      continue;
-    }
+    const int drafted = (int)s.seq->draft.size();
+    // seq, or once an n > 1 prompt is computed every sample (forked): each draws from these logits.
+    const std::vector<Sequence*> drawers = groups_->computed(s);
+    if (s.sample && s.seq->prefill_only()) end_prefill(s.seq, t_step, out);
+    if (drawers.empty()) continue;
     const float* logits = logits_.data() + row * V;  // [1 + drafted rows × V]
     row += 1 + drafted;
-    // An n > 1 request's prompt is computed: every sample draws its first token from these logits.
-    std::vector<Sequence*> drawers = seq->pending_samples.empty() ? std::vector<Sequence*>{seq} : fork(seq);
     for (Sequence* d : drawers) draws.emplace_back(d, logits);
   }
   return draws;
@@ -525,7 +462,7 @@ void Engine::end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& 
   }
   if (seq->pooling != Pooling::NONE) out[first].embedding = pooled_vector(*seq);
   out[first].prompt_logprobs = std::move(seq->prompt_lp);
-  finish(seq);
+  groups_->finish(seq);
 }
 
 void Engine::sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step,
@@ -567,19 +504,14 @@ void Engine::apply_draw(Sequence* d, std::vector<SampleResult>& results, double 
     ended = !o.finish_reason.empty();
     out.push_back(std::move(o));
   }
-  if (!d->draft.empty()) {
-    spec_drafts_++, spec_draft_tokens_ += d->draft.size();
-    spec_accepted_tokens_ += scheduler_->verified(d);  // before finish: the prefix cache as plain decoding's
-  }
-  if (ended) finish(d);
+  const auto [drafted, accepted] = groups_->drawn(d, ended);
+  if (drafted) spec_drafts_++, spec_draft_tokens_ += drafted, spec_accepted_tokens_ += accepted;
 }
 
 std::vector<StepOutput> Engine::fail_all(const std::string& what) {
   std::vector<StepOutput> out;
   apply_pending(out);
-  std::vector<std::string> ids;
-  for (auto& [id, group] : seqs_) ids.push_back(id);
-  for (const std::string& id : ids) abort_now(id, -1, "error: " + what, out);
+  for (const std::string& id : groups_->ids()) abort_now(id, -1, "error: " + what, out);
   snapshot_stats();
   return out;
 }

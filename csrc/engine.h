@@ -16,6 +16,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "scheduler.h"
+#include "sequence_groups.h"
 #include "step_cost.h"
 #include "threadpool.h"
 
@@ -173,7 +174,6 @@ class Engine {
  private:
   void apply_pending(std::vector<StepOutput>& out);
   void abort_now(const std::string& id, int index, const std::string& reason, std::vector<StepOutput>& out);
-  std::vector<Sequence*> fork(Sequence* parent);  // parent + its new siblings, one per pending sample
   // Why seq ends once `token` is its next token and it holds n_tokens tokens ("" if it goes on): reads only
   // what is fixed while it runs, so the verification of a draft may call it on the pool.
   std::string finish_reason(const Sequence& seq, int32_t token, int n_tokens, const std::string& grammar_end) const;
@@ -190,7 +190,6 @@ class Engine {
   void score_rows(Sequence* seq, const float* hidden, int first, int end);
   void end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& out);
   void sample_draws(std::vector<std::pair<Sequence*, const float*>>& draws, double t_step, std::vector<StepOutput>& out);
-  void finish(Sequence* seq);
   void snapshot_stats();
   void calibrate();                           // a few scratch forwards seed the step-cost model
   void calibrate_rows();                      // and measure the row costs drafted rows are priced on
@@ -204,8 +203,7 @@ class Engine {
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int32_t> eos_ids_;
-  // request id → its live sequences (one until an n > 1 request forks); owned by the step thread
-  std::map<std::string, std::vector<std::unique_ptr<Sequence>>> seqs_;
+  std::unique_ptr<SequenceGroups> groups_;  // the live requests' sequences; owned by the step thread
 
   std::mutex mu_;                              // guards the two inboxes and the id set below
   std::vector<std::unique_ptr<Sequence>> inbox_add_;

@@ -42,7 +42,7 @@ struct Sequence {
   // n > 1: the sample indexes this sequence still stands for until its prompt is computed; then it forks
   // into one sequence per index (sharing the prompt's blocks), each with its own sampler (seed + index).
   std::vector<int> pending_samples;
-  std::vector<std::unique_ptr<Sampler>> fork_samplers;  // [n], by sample index, until the fork
+  std::vector<std::unique_ptr<Sampler>> fork_samplers;  // [n], by sample index, until the fork (none in SchedulerSim)
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
   int n_cached = -1;                 // prompt tokens found in the prefix cache at first admission (-1: not yet)
   double first_scheduled = 0.0;      // monotonic seconds of the step that first scheduled it (0: not yet)

@@ -99,6 +99,34 @@ def test_abort_before_the_fork_and_of_one_sample(eng):
     assert eng.stats()["blocks_used"] == 0
 
 
+def test_the_simulator_forks_and_frees_as_the_engine(model_path):
+    # SchedulerSim runs the engine's fork / abort / finish (SequenceGroups): the same requests, aborts and
+    # steps leave the same sequences and blocks, the model's tokens or the made-up ones.
+    eng = _engine.Engine(model_path, n_threads=1, num_kv_blocks=32, block_size=4)
+    sim = _engine.testing.SchedulerSim(32, 4)
+    prompt = synthetic(9, 3)  # blocks of 4, 4 and 1: no generated block fills up before the end
+    eng.add("s", prompt, {"temperature": 1.0, "seed": 7}, 8, True, n=4)
+    sim.add("s", prompt, 8, n=4)
+    keys = ("running", "waiting", "blocks_used", "blocks_cached", "preemptions")
+
+    def step():
+        drew = sorted(o.index for o in eng.step() if o.token >= 0)
+        assert drew == sorted(t[1] for t in sim.step()["tokens"])
+        e, s = eng.stats(), sim.stats()
+        assert {k: e[k] for k in keys} == {k: s[k] for k in keys}
+        return drew
+
+    eng.abort("s", 1), sim.abort("s", 1)  # before the fork
+    assert step() == [0, 2, 3]  # the prompt, the fork, a first token each
+    assert step() == [0, 2, 3]  # copy on write of the partial block
+    eng.abort("s", 2), sim.abort("s", 2)
+    assert step() == [0, 3]
+    eng.abort("s"), sim.abort("s")
+    assert step() == []
+    assert (eng.stats()["blocks_used"], eng.stats()["blocks_cached"]) == (0, 2)  # the prompt's full blocks
+    assert not eng.has_work() and not sim.has_work()
+
+
 def test_admission_counts_n_times_max_tokens(model_path):
     tiny = _engine.Engine(model_path, n_threads=1, num_kv_blocks=10, block_size=4)
     tiny.add("ok", [2] * 6, {}, 4, False, n=4)  # 1 shared block + 4 × 2

@@ -172,6 +172,31 @@ def test_n_samples_abort_frees_everything():
     assert not sim.has_work()
 
 
+def test_n_samples_abort_of_one_sample_before_and_after_the_fork():
+    # The engine's own abort (SequenceGroups): before the fork the one sequence stops standing for the sample;
+    # after it, the sample's blocks go and the shared ones lose a reference.
+    sim = _engine.testing.SchedulerSim(32, 4)
+    sim.add("s", toks(10), 8, n=4)
+    sim.abort("s", 1)
+    assert [tuple(r) for r in sim.waiting()] == [("s", 0)]
+    s = sim.step()
+    assert sorted(tuple(t) for t in s["tokens"]) == [("s", i, 1000 * (i + 1)) for i in (0, 2, 3)]
+    t0 = sim.table("s", 0)
+    assert [sim.ref_count(b) for b in t0] == [3, 3, 3]
+    sim.step()  # copy on write of the shared partial block
+    assert [sim.ref_count(b) for b in t0] == [3, 3, 1] and sim.stats()["blocks_used"] == 2 + 3
+    own = sim.table("s", 2)[2]
+    sim.abort("s", 2)
+    assert [sim.ref_count(b) for b in t0[:2]] == [2, 2] and sim.ref_count(own) == 0
+    assert [tuple(r) for r in sim.running()] == [("s", 0), ("s", 3)] and sim.stats()["blocks_used"] == 2 + 2
+    sim.abort("s", 7)  # no such sample
+    assert sim.stats()["running"] == 2
+    sim.abort("s")
+    st = sim.stats()
+    assert (st["blocks_used"], st["running"], st["waiting"]) == (0, 0, 0)
+    assert not sim.has_work()
+
+
 def test_random_add_abort_leaves_no_blocks():
     rng = random.Random(11)
     sim = _engine.testing.SchedulerSim(24, 4, max_num_seqs=8, max_batched_tokens=16)
