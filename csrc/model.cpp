@@ -13,6 +13,7 @@ const ArchSpec ARCHS[] = {
     {"gemma3", true, true, true, true, true, true},
     {"llama", false, false, false, false, false, false},
     {"qwen2", true, false, false, false, false, false},
+    {"qwen3", true, false, false, true, false, false},  // qwen2 without biases, q/k normed per head before RoPE
 };
 
 }  // namespace

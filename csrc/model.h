@@ -1,7 +1,7 @@
 // model: a decoder-only transformer read from a GGUF file — its hyper-parameters, its weights (pointers
 // into the mapping), and its batched forward pass.
 //
-// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, SmolLM2, TinyLlama), qwen2. They share one
+// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, SmolLM2, TinyLlama), qwen2, qwen3 (dense). They share one
 // layer graph; ArchSpec holds what differs (norms around the blocks, q/k norms, biases, RoPE layout,
 // activation, embedding scale, sliding-window layers).
 #pragma once

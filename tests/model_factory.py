@@ -12,7 +12,7 @@ the control tokens ``<s>`` (BOS) and ``</s>`` (EOS)), so the whole pipeline can 
 Sizes: with 32-element quants (or F32/F16/BF16) n_embd 64, head_dim 16 (gemma3: 32, so that
 n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with K-quants (256-element blocks)
 n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. Layers: llama/qwen2
-2, gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
+2, qwen3 2 (head_dim 32 / 128: n_head * head_dim != n_embd), gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
 
 qtype: a type name for every 2-D weight ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
 "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "mixed" (a Q4_K_M-like mix like the real Gemma 3
@@ -37,7 +37,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_32 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -253,6 +253,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
              n_ff=512 if kq else 128, n_layer=2, n_ctx=512, eps=1e-5, rope_base=10000.0)
     if arch == "qwen2":
         d.update(eps=1e-6, rope_base=1000000.0)
+    if arch == "qwen3":  # n_head * head_dim != n_embd, as in the real Qwen3 files (0.6B: 16 x 128 vs 1024)
+        d.update(head_dim=128 if kq else 32, eps=1e-6, rope_base=1000000.0)
     if arch == "gemma3":
         d.update(head_dim=128 if kq else 32, n_layer=6, eps=1e-6, rope_base=1000000.0, sliding_window=8)
     return d
@@ -274,8 +276,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:
         biases = arch == "qwen2"
-    if biases and arch == "gemma3":
-        raise ValueError("gemma3 has no attention biases")
+    if biases and arch in ("gemma3", "qwen3"):
+        raise ValueError(f"{arch} has no attention biases")
     for t in _all_qtypes(qtype):
         if t not in ALL_QTYPES:
             raise ValueError(f"unsupported qtype {t}")
@@ -319,7 +321,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
             add(p + "attn_q.bias", (0.5 * rng.standard_normal(n_head * hd)).astype(np.float32))
             add(p + "attn_k.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
             add(p + "attn_v.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3"):
             add(p + "attn_q_norm.weight", norm(hd))
             add(p + "attn_k_norm.weight", norm(hd))
         add(p + "attn_output.weight", mat(n_embd, n_head * hd), "attn_output")

@@ -20,6 +20,7 @@ Supported architectures (the graph follows llama.cpp's src/models/*.cpp):
   attention, scale 1/sqrt(head_dim) -> Wo (optional bias) -> residual; rmsnorm -> SiLU-gated FFN ->
   residual; final rmsnorm; ``output.weight`` or the tied ``token_embd.weight``.
 * ``qwen2``  - as llama, with q/k/v biases and RoPE NeoX mode (pairs (i, i + n_rot/2)).
+* ``qwen3``  - as qwen2 without biases, with a per-head rmsnorm of q and k before RoPE (src/models/qwen3.cpp).
 * ``gemma3`` - x = embd[tok] * sqrt(n_embd); sliding-window layers unless (il + 1) % 6 == 0 (local
   layers use rope base 10000, global ones ``rope.freq_base`` and the rope scaling); per-head rmsnorm of
   q and k; RoPE NeoX; q *= 1/sqrt(key_length); post-attention and post-FFN rmsnorms; GELU(tanh)-gated
@@ -42,7 +43,7 @@ from gguf.quants import dequantize
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 GEMMA3_SWA_PATTERN = 6          # llama.cpp: hparams.set_swa_pattern(6)
 GEMMA3_SWA_ROPE_BASE = 10000.0  # llama.cpp: rope_freq_base_train_swa

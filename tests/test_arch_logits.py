@@ -47,6 +47,9 @@ CASES += [
     # hyper-parameters that must come from the metadata, set where a wrong value shows
     pytest.param("llama", "F32", {"eps": 0.05}, id="llama-F32-eps0.05"),
     pytest.param("qwen2", "F32", {"eps": 0.05}, id="qwen2-F32-eps0.05"),
+    pytest.param("qwen3", "F32", {"eps": 0.05}, id="qwen3-F32-eps0.05"),
+    pytest.param("qwen3", "Q8_0", {"tied": False}, id="qwen3-Q8_0-untied"),
+    pytest.param("qwen3", "F32", {"rope_base": 50.0}, id="qwen3-F32-base50"),
     pytest.param("gemma3", "F32", {"eps": 0.05}, id="gemma3-F32-eps0.05"),
     pytest.param("llama", "F32", {"rope_base": 50.0}, id="llama-F32-base50"),
     pytest.param("gemma3", "F32", {"rope_base": 50.0}, id="gemma3-F32-base50"),
@@ -107,3 +110,29 @@ def test_unsupported_tensor_type_is_a_clear_error(tmp_path, qtype):
     path = tm.write_test_model(tmp_path / f"{qtype}.gguf", "llama", qtype=qtype)
     with pytest.raises(_engine.GGUFError, match=f"token_embd.weight.*unsupported tensor type"):
         _engine.Engine(str(path), n_threads=1)
+
+
+@pytest.mark.parametrize("arch", tm.ARCHS)
+def test_decoding_through_the_kv_cache_gives_the_prefills_tokens(model_dir, arch):
+    """Greedy decoding (one token a step, K/V read back from the paged cache, two sequences batched) picks
+    what one prefill of the whole text would: the argmax of its logits at each position, and the same
+    tokens alone as batched."""
+    path = tm.write_test_model(model_dir / f"{arch}-decode.gguf", arch, qtype="Q8_0")
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    prompts = [_tokens(7, 5), _tokens(12, 6)]
+
+    def run(ids: list) -> dict:
+        for i, p in enumerate(ids):
+            eng.add(f"r{i}", prompts[p], {"temperature": 0.0}, 10, True)
+        out: dict = {}
+        while eng.has_work():
+            for o in eng.step():
+                out.setdefault(ids[int(o.request_id[1:])], []).append(o.token)
+        return out
+
+    batched, alone = run([0, 1]), {p: run([p])[p] for p in (0, 1)}
+    assert batched == alone
+    for p, gen in batched.items():
+        text = prompts[p] + gen
+        logits = eng.prompt_logits(text[:-1])
+        assert logits[len(prompts[p]) - 1:].argmax(axis=1).tolist() == gen

@@ -58,7 +58,7 @@ def test_model_loads_and_gives_finite_logits(model_dir, arch, qtype):
     names = {t.name for t in r.tensors}
     assert {"token_embd.weight", "output_norm.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight"} <= names
     assert ("blk.0.attn_q.bias" in names) == (arch == "qwen2")
-    assert ("blk.0.attn_q_norm.weight" in names) == (arch == "gemma3")
+    assert ("blk.0.attn_q_norm.weight" in names) == (arch in ("gemma3", "qwen3"))
     assert r.fields["general.architecture"].contents() == arch
     L = nr.ref_logits(p, tokens())
     assert L.shape == (T, tm.N_VOCAB) and L.dtype == np.float32
