@@ -9,11 +9,12 @@ namespace pyserve {
 namespace {
 
 const ArchSpec ARCHS[] = {
-    // name     neox   gelu   embd_scale qk_norm post_norms sliding_window
+    // name     neox   gelu   embd_scale qk_norm post_norms sliding_window [no_rope_step]
     {"gemma3", true, true, true, true, true, true},
     {"llama", false, false, false, false, false, false},
     {"qwen2", true, false, false, false, false, false},
     {"qwen3", true, false, false, true, false, false},  // qwen2 without biases, q/k normed per head before RoPE
+    {"smollm3", false, false, false, false, false, false, 4},  // llama with every 4th layer position-free
 };
 
 }  // namespace
@@ -81,6 +82,7 @@ HParams read_hparams(const GGUFFile& f) {
   if (scaling == "linear") hp_.rope_freq_scale = 1.0f / (float)f.get_float(a + "rope.scaling.factor", 1.0);
   else if (scaling != "none") f.fail("unsupported rope.scaling.type '" + scaling + "'");
   hp_.attn_scale = 1.0f / std::sqrt((float)hp_.head_dim);
+  hp_.no_rope_step = spec_->no_rope_step;
   if (spec_->sliding_window) {
     const int64_t swa_def = 0, pattern_def = 6;
     hp_.n_swa = ranged(a + "attention.sliding_window", 0, 1 << 24, &swa_def);
@@ -252,6 +254,7 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
       rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
     }
+    if (!hp_.roped(il)) return;
     const float* cs = &rope_cs_[((size_t)hp_.is_local(il) * T + t) * hp_.rope_dim];
     rope(q, hp_.n_head, cs, rp);
     rope(k, hp_.n_head_kv, cs, rp);

@@ -1,7 +1,8 @@
 // model: a decoder-only transformer read from a GGUF file — its hyper-parameters, its weights (pointers
 // into the mapping), and its batched forward pass.
 //
-// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, SmolLM2, TinyLlama), qwen2, qwen3 (dense). They share one
+// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, SmolLM2, TinyLlama), qwen2, qwen3 (dense),
+// smollm3. They share one
 // layer graph; ArchSpec holds what differs (norms around the blocks, q/k norms, biases, RoPE layout,
 // activation, embedding scale, sliding-window layers).
 #pragma once
@@ -30,6 +31,7 @@ struct ArchSpec {
   bool qk_norm;          // per-head RMS norm on q and k
   bool post_norms;       // RMS norm after attention and after the FFN, before the residual add
   bool sliding_window;   // local layers attend to the last n_swa positions
+  int no_rope_step = 0;  // > 0: every no_rope_step-th layer applies no RoPE (smollm3: 4, llama.cpp's constant)
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
 const ArchSpec& arch_spec(const std::string& arch);
@@ -51,9 +53,11 @@ struct HParams {
   int rope_dim = 0;
   int n_swa = 0;         // sliding window (tokens), 0 = none
   int swa_pattern = 0;   // every swa_pattern-th layer is global (gemma3: 6)
+  int no_rope_step = 0;  // every no_rope_step-th layer is position-free (NoPE), 0 = none
   float attn_scale = 0.f;// multiplies q·k
   int kv_dim() const { return n_head_kv * head_dim; }
   bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
+  bool roped(int layer) const { return no_rope_step <= 0 || (layer + 1) % no_rope_step != 0; }
 };
 
 // The hyper-parameters of an open file's model, from its metadata and tensor table alone (no weights read:

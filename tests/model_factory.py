@@ -12,7 +12,7 @@ the control tokens ``<s>`` (BOS) and ``</s>`` (EOS)), so the whole pipeline can 
 Sizes: with 32-element quants (or F32/F16/BF16) n_embd 64, head_dim 16 (gemma3: 32, so that
 n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with K-quants (256-element blocks)
 n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. Layers: llama/qwen2
-2, qwen3 2 (head_dim 32 / 128: n_head * head_dim != n_embd), gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
+2, smollm3 4 (the 4th position-free), qwen3 2 (head_dim 32 / 128: n_head * head_dim != n_embd), gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
 
 qtype: a type name for every 2-D weight ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
 "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "mixed" (a Q4_K_M-like mix like the real Gemma 3
@@ -37,7 +37,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "smollm3", "gemma3")
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_32 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -253,6 +253,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
              n_ff=512 if kq else 128, n_layer=2, n_ctx=512, eps=1e-5, rope_base=10000.0)
     if arch == "qwen2":
         d.update(eps=1e-6, rope_base=1000000.0)
+    if arch == "smollm3":  # 4 layers: the last is position-free (llama.cpp's NoPE step 4)
+        d.update(n_layer=4, rope_base=5000000.0)
     if arch == "qwen3":  # n_head * head_dim != n_embd, as in the real Qwen3 files (0.6B: 16 x 128 vs 1024)
         d.update(head_dim=128 if kq else 32, eps=1e-6, rope_base=1000000.0)
     if arch == "gemma3":
@@ -356,7 +358,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if arch == "gemma3" or hd * n_head != n_embd:
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch == "llama":
+    if arch in ("llama", "smollm3"):
         w.add_rope_dimension_count(hd)
         w.add_vocab_size(n_vocab)
     if arch == "gemma3" and cfg.get("sliding_window"):

@@ -21,6 +21,7 @@ Supported architectures (the graph follows llama.cpp's src/models/*.cpp):
   residual; final rmsnorm; ``output.weight`` or the tied ``token_embd.weight``.
 * ``qwen2``  - as llama, with q/k/v biases and RoPE NeoX mode (pairs (i, i + n_rot/2)).
 * ``qwen3``  - as qwen2 without biases, with a per-head rmsnorm of q and k before RoPE (src/models/qwen3.cpp).
+* ``smollm3`` - as llama, with no RoPE on every 4th layer ((il + 1) % 4 == 0; src/models/smollm3.cpp).
 * ``gemma3`` - x = embd[tok] * sqrt(n_embd); sliding-window layers unless (il + 1) % 6 == 0 (local
   layers use rope base 10000, global ones ``rope.freq_base`` and the rope scaling); per-head rmsnorm of
   q and k; RoPE NeoX; q *= 1/sqrt(key_length); post-attention and post-FFN rmsnorms; GELU(tanh)-gated
@@ -43,7 +44,8 @@ from gguf.quants import dequantize
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "smollm3", "gemma3")
+SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
 GEMMA3_SWA_PATTERN = 6          # llama.cpp: hparams.set_swa_pattern(6)
 GEMMA3_SWA_ROPE_BASE = 10000.0  # llama.cpp: rope_freq_base_train_swa
@@ -81,6 +83,7 @@ class HParams:
     layer_swa: list[int | None] = field(default_factory=list)
     layer_rope_base: list[float] = field(default_factory=list)
     layer_rope_scale: list[float] = field(default_factory=list)
+    layer_roped: list[bool] = field(default_factory=list)  # False: a position-free (NoPE) layer
     final_logit_softcap: float = 0.0
     extra: dict = field(default_factory=dict)
 
@@ -137,7 +140,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp = HParams(
         arch=arch, n_vocab=0, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
         n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, eps=eps,
-        rope_type=ROPE_NORM if arch == "llama" else ROPE_NEOX, n_rot=n_rot, rope_base=rope_base,
+        rope_type=ROPE_NORM if arch in ("llama", "smollm3") else ROPE_NEOX, n_rot=n_rot, rope_base=rope_base,
         rope_freq_scale=rope_freq_scale, attn_scale=1.0 / math.sqrt(head_dim_k),
     )
     f_attn_scale = key("attention.scale", None)
@@ -147,6 +150,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp.layer_swa = [None] * n_layer
     hp.layer_rope_base = [rope_base] * n_layer
     hp.layer_rope_scale = [rope_freq_scale] * n_layer
+    hp.layer_roped = [arch != "smollm3" or (il + 1) % SMOLLM3_NO_ROPE_STEP != 0 for il in range(n_layer)]
 
     if arch == "gemma3":
         n_swa = key("attention.sliding_window", None)
@@ -495,8 +499,9 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         if m.has(p + "attn_k_norm.weight"):
             k = rms_norm(k, w("attn_k_norm.weight"), hp.eps)
         ff = rope_factors if not is_gemma else None
-        q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
-        k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
+        if hp.layer_roped[il]:
+            q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
+            k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
         tr(f"l{il}.q", q)
         tr(f"l{il}.k", k)
         tr(f"l{il}.v", v)

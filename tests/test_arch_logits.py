@@ -50,6 +50,7 @@ CASES += [
     pytest.param("qwen3", "F32", {"eps": 0.05}, id="qwen3-F32-eps0.05"),
     pytest.param("qwen3", "Q8_0", {"tied": False}, id="qwen3-Q8_0-untied"),
     pytest.param("qwen3", "F32", {"rope_base": 50.0}, id="qwen3-F32-base50"),
+    pytest.param("smollm3", "F32", {"rope_base": 50.0, "n_layer": 8}, id="smollm3-F32-base50-8layers"),
     pytest.param("gemma3", "F32", {"eps": 0.05}, id="gemma3-F32-eps0.05"),
     pytest.param("llama", "F32", {"rope_base": 50.0}, id="llama-F32-base50"),
     pytest.param("gemma3", "F32", {"rope_base": 50.0}, id="gemma3-F32-base50"),
