@@ -40,7 +40,7 @@ class LLM:
         self._hparams = MappingProxyType(self.engine.hparams)
         self.tokenizer = Tokenizer.from_gguf_metadata(self._metadata)
         self.engine.eos_ids = list(self.tokenizer.eos_ids)
-        self.grammars = GrammarCompiler(self.tokenizer, self.engine.hparams["n_vocab"])
+        self.grammars = GrammarCompiler(self.tokenizer, self._hparams["n_vocab"])
         self._ids = itertools.count()
 
     # What the layers above read of the loaded model (they never reach into the native engine).

@@ -29,10 +29,9 @@ _engine_ids = itertools.count()
 
 # ---- prompts to engine requests ----
 
-def max_tokens_for(model: ServedModel, req: _Sampling, n_prompt: int) -> int:
-    """The request's completion bound for this prompt; the rest of the model's length when it sent none (at
-    least 1: the engine then refuses a prompt that leaves no room, context_length_exceeded)."""
-    asked, _ = req.max_new_tokens()
+def max_tokens_for(model: ServedModel, asked: Optional[int], n_prompt: int) -> int:
+    """The completion bound the request `asked` for this prompt; the rest of the model's length when it sent
+    none (at least 1: the engine then refuses a prompt that leaves no room, context_length_exceeded)."""
     return asked if asked is not None else max(model.max_model_len - n_prompt, 1)
 
 
@@ -46,17 +45,17 @@ async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req
     so, field_name = constraint or req.structured()
     await check_constraint(model, so, field_name)
     out, n = [], req.n_choices
+    asked, asked_field = req.max_new_tokens()
     for p, ids in enumerate(prompts):
         try:
-            params = req.to_sampling_params(max_tokens_for(model, req, len(ids)), so, keep_special)
+            params = req.to_sampling_params(max_tokens_for(model, asked, len(ids)), so, keep_special)
             model.engine.check(ids, params)
         except ValueError as e:
-            asked, field_name = req.max_new_tokens()
-            raise from_engine(e, prompt_param, field_name if asked is not None else None) from None
+            raise from_engine(e, prompt_param, asked_field if asked is not None else None) from None
         out.append(EngineRequest(p * n, ids, params, f"{rid}-{p}.{next(_engine_ids)}"))  # unique: a client
         # may send one X-Request-Id twice
     demand = Demand([(len(r.prompt_ids), r.params.max_tokens) for r in out for _ in range(n)],
-                    req.max_new_tokens()[0])
+                    asked)
     return out, ctx.admit(demand)
 
 
