@@ -232,7 +232,8 @@ py::dict hparams_dict(const HParams& h) {
   return py::dict(py::arg("arch") = h.arch, py::arg("n_vocab") = h.n_vocab, py::arg("n_embd") = h.n_embd,
                   py::arg("n_layer") = h.n_layer, py::arg("n_head") = h.n_head, py::arg("n_head_kv") = h.n_head_kv,
                   py::arg("head_dim") = h.head_dim, py::arg("n_ff") = h.n_ff, py::arg("n_ctx_train") = h.n_ctx_train,
-                  py::arg("n_swa") = h.n_swa);
+                  py::arg("n_swa") = h.n_swa, py::arg("n_expert") = h.moe.n_expert,
+                  py::arg("n_expert_used") = h.moe.n_used);
 }
 
 py::dict config_dict(const EngineConfig& c) {

@@ -47,8 +47,10 @@ StepOutput output_of(const Sequence& s, int index, double t) {
 // The model's multiply-adds per row, per sampled row and per position of attended context.
 StepMacs step_macs(const HParams& hp) {
   StepMacs m;
-  m.per_row = hp.n_layer * ((double)hp.n_embd * ((hp.n_head + 2.0 * hp.n_head_kv) * hp.head_dim + 3.0 * hp.n_ff) +
-                            (double)hp.n_head * hp.head_dim_v * hp.n_embd);
+  for (int il = 0; il < hp.n_layer; il++)  // the FFN a token runs: its experts' (and the router) in a MoE layer
+    m.per_row += (double)hp.n_embd * ((hp.n_head + 2.0 * hp.n_head_kv) * hp.head_dim + 3.0 * hp.active_ff(il) +
+                                      (hp.moe.moe_layer(il) ? hp.moe.n_expert : 0)) +
+                 (double)hp.n_head * hp.head_dim_v * hp.n_embd;
   m.per_logit = (double)hp.n_embd * hp.n_vocab;
   m.per_context = (double)hp.n_layer * hp.n_head * (hp.head_dim + hp.head_dim_v);  // q·k, then weights·v
   return m;

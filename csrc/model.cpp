@@ -9,12 +9,17 @@ namespace pyserve {
 namespace {
 
 const ArchSpec ARCHS[] = {
-    // name     neox   gelu   embd_scale qk_norm post_norms sliding_window [no_rope_step]
+    // name     neox   gelu   embd_scale qk_norm post_norms sliding_window [no_rope_step moe_norm ffn_norm]
     {"gemma3", true, true, true, true, true, true},
     {"llama", false, false, false, false, false, false},
     {"qwen2", true, false, false, false, false, false},
     {"qwen3", true, false, false, true, false, false},  // qwen2 without biases, q/k normed per head before RoPE
+    {"qwen3moe", true, false, false, true, false, false},  // qwen3 with MoE layers (softmax top-k, renormalised)
     {"smollm3", false, false, false, false, false, false, 4},  // llama with every 4th layer position-free
+    // GLM-4.5/4.6/4.7 MoE: q/k/v biases, q/k norms where the file has them, partial NeoX RoPE, the FFN's norm
+    // named post_attention_norm, leading dense layers, sigmoid routing + choosing bias, a shared expert; the
+    // NextN (MTP) layers at the end of block_count are not run
+    {"glm4moe", true, false, false, false, false, false, 0, true, "post_attention_norm"},
 };
 
 }  // namespace
@@ -40,25 +45,60 @@ Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
   pack_weights();
 }
 
+namespace {
+
+constexpr int64_t MAX_DIM = 1 << 20;
+
+// Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
+// around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
+// cache before any tensor is looked at, so it is bounded by the tensor count: >= 9 tensors a layer).
+int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, const int64_t* def) {
+  int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
+  if (v < lo || v > hi)
+    f.fail("metadata key '" + key + "' is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
+           std::to_string(hi) + "]");
+  return (int)v;
+}
+
+// The MoE keys (llama.cpp's names) of a file with `<arch>.expert_count` > 0. A Mixtral-style file has no
+// expert width of its own: its experts are feed_forward_length wide.
+MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec, int n_ff, int n_layer) {
+  MoeParams m;
+  const int64_t zero = 0, softmax = (int64_t)Gating::Softmax, norm = spec.moe_norm, ff = n_ff;
+  m.n_expert = ranged(f, a + "expert_count", 0, 1 << 12, &zero);
+  if (m.n_expert == 0) return m;
+  m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
+  m.n_ff = ranged(f, a + "expert_feed_forward_length", 1, MAX_DIM, n_ff > 0 ? &ff : nullptr);
+  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &zero), ff_exp = m.n_ff;
+  m.n_ff_shared = (int)n_shared * ranged(f, a + "expert_shared_feed_forward_length", 1, MAX_DIM, &ff_exp);
+  m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
+  m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &softmax);
+  m.norm_weights = ranged(f, a + "expert_weights_norm", 0, 1, &norm) != 0;
+  const double scale = f.get_float(a + "expert_weights_scale", 1.0);
+  m.weights_scale = scale == 0.0 ? 1.0f : (float)scale;  // llama.cpp: 0 means unscaled
+  return m;
+}
+
+}  // namespace
+
 HParams read_hparams(const GGUFFile& f) {
   HParams hp_;
   hp_.arch = f.get_str("general.architecture");
   const ArchSpec* spec_ = &arch_spec(hp_.arch);
   const std::string a = hp_.arch + ".";
-  // Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
-  // around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
-  // cache before any tensor is looked at, so it is bounded by the tensor count: >= 9 tensors a layer).
   auto ranged = [&](const std::string& key, int64_t lo, int64_t hi, const int64_t* def) -> int {
-    int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
-    if (v < lo || v > hi)
-      f.fail("metadata key '" + key + "' is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
-             std::to_string(hi) + "]");
-    return (int)v;
+    return pyserve::ranged(f, key, lo, hi, def);
   };
-  const int64_t max_dim = 1 << 20, max_heads = 1 << 12;
+  const int64_t max_dim = MAX_DIM, max_heads = 1 << 12, no_ff = 0;
   hp_.n_embd = ranged(a + "embedding_length", 1, max_dim, nullptr);
   hp_.n_layer = ranged(a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 9), nullptr);
-  hp_.n_ff = ranged(a + "feed_forward_length", 1, max_dim, nullptr);
+  const int64_t no_mtp = 0;  // NextN / MTP layers close the block list; the forward stops before them
+  hp_.n_layer -= ranged(a + "nextn_predict_layers", 0, hp_.n_layer - 1, &no_mtp);
+  // An all-MoE model may have no dense width; read_moe then needs the experts' own.
+  const bool moe = f.get_int(a + "expert_count", 0) > 0;
+  hp_.n_ff = ranged(a + "feed_forward_length", moe ? 0 : 1, max_dim, moe ? &no_ff : nullptr);
+  hp_.moe = read_moe(f, a, *spec_, hp_.n_ff, hp_.n_layer);
+  if (hp_.moe.n_dense_lead > 0 && hp_.n_ff == 0) f.fail("missing metadata key '" + a + "feed_forward_length'");
   hp_.n_head = ranged(a + "attention.head_count", 1, max_heads, nullptr);
   const int64_t n_head = hp_.n_head;
   hp_.n_head_kv = ranged(a + "attention.head_count_kv", 1, max_heads, &n_head);
@@ -110,12 +150,36 @@ Weight Model::weight(const std::string& name, int64_t n_in, int64_t n_out) const
   return w;
 }
 
+std::vector<Weight> Model::experts(const std::string& name, int64_t n_in, int64_t n_out) const {
+  const GGUFTensor* t = file_->find(name);
+  const int64_t n = hp_.moe.n_expert;
+  if (!t) file_->fail("missing tensor '" + name + "'");
+  if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n)
+    file_->fail("tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+                ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(n_in) + ", " +
+                std::to_string(n_out) + ", " + std::to_string(n) + "]");
+  std::vector<Weight> ws(n);
+  for (int64_t e = 0; e < n; e++) {
+    Weight& w = ws[e];
+    w.type = t->type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = row_size(t->type, n_in);
+    w.data = t->data + e * n_out * w.row_bytes;  // expert e's rows follow expert e - 1's
+  }
+  return ws;
+}
+
 void Model::pack_weights() {
   std::vector<Weight*> ws = {&output_};
-  for (LayerWeights& L : layers_)
+  for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
+    for (Weight* w : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) ws.push_back(w);
+    for (std::vector<Weight>* es : {&L.moe.gate, &L.moe.up, &L.moe.down})
+      for (Weight& w : *es) ws.push_back(&w);
+  }
   for (Weight* w : ws) {
-    if (!packable(w->type)) continue;
+    if (!w->data || !packable(w->type)) continue;
     try {
       w->packed = pack_weight(w->type, w->data, w->row_bytes, w->n_out, w->n_in);
     } catch (const std::bad_alloc&) {
@@ -149,7 +213,7 @@ void Model::load_weights() {
     LayerWeights& L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
     L.attn_norm = vec(p + "attn_norm.weight", E);
-    L.ffn_norm = vec(p + "ffn_norm.weight", E);
+    L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
     L.wq = weight(p + "attn_q.weight", E, qd);
     L.wk = weight(p + "attn_k.weight", E, kvd);
     L.wv = weight(p + "attn_v.weight", E, kvd);
@@ -157,12 +221,16 @@ void Model::load_weights() {
     L.bq = vec(p + "attn_q.bias", qd, true);
     L.bk = vec(p + "attn_k.bias", kvd, true);
     L.bv = vec(p + "attn_v.bias", kvd, true);
-    L.w_gate = weight(p + "ffn_gate.weight", E, hp_.n_ff);
-    L.w_up = weight(p + "ffn_up.weight", E, hp_.n_ff);
-    L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
-    if (spec_->qk_norm) {
-      L.q_norm = vec(p + "attn_q_norm.weight", hd);
-      L.k_norm = vec(p + "attn_k_norm.weight", hd);
+    if (hp_.moe.moe_layer(il)) {
+      load_moe(il, L.moe);
+    } else {
+      L.w_gate = weight(p + "ffn_gate.weight", E, hp_.n_ff);
+      L.w_up = weight(p + "ffn_up.weight", E, hp_.n_ff);
+      L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
+    }
+    {  // required where the architecture has them, used wherever the file has them
+      L.q_norm = vec(p + "attn_q_norm.weight", hd, !spec_->qk_norm);
+      L.k_norm = vec(p + "attn_k_norm.weight", hd, !spec_->qk_norm);
     }
     if (spec_->post_norms) {
       L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
@@ -173,6 +241,24 @@ void Model::load_weights() {
   const float* ff = factors.empty() ? nullptr : factors.data();
   rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_freq_scale, ff);
   rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, 1.0f, ff);
+}
+
+// llama.cpp's tensor names: ffn_gate_inp (the router), ffn_{gate,up,down}_exps, exp_probs_b (the choosing
+// bias), ffn_{gate,up,down}_shexp.
+void Model::load_moe(int il, MoeWeights& w) {
+  const MoeParams& m = hp_.moe;
+  const int E = hp_.n_embd;
+  const std::string p = "blk." + std::to_string(il) + ".";
+  w.router = weight(p + "ffn_gate_inp.weight", E, m.n_expert);
+  w.select_bias = vec(p + "exp_probs_b.bias", m.n_expert, true);
+  w.gate = experts(p + "ffn_gate_exps.weight", E, m.n_ff);
+  w.up = experts(p + "ffn_up_exps.weight", E, m.n_ff);
+  w.down = experts(p + "ffn_down_exps.weight", m.n_ff, E);
+  if (m.n_ff_shared > 0) {
+    w.sh_gate = weight(p + "ffn_gate_shexp.weight", E, m.n_ff_shared);
+    w.sh_up = weight(p + "ffn_up_shexp.weight", E, m.n_ff_shared);
+    w.sh_down = weight(p + "ffn_down_shexp.weight", m.n_ff_shared, E);
+  }
 }
 
 namespace {
@@ -237,7 +323,6 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
   const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.head_dim, kvd = hp_.kv_dim(), qd = hp_.n_head * hd;
-  const int64_t F = hp_.n_ff;
   const RopeParams& rp = hp_.is_local(il) ? rope_local_ : rope_global_;
   const float eps = hp_.eps;
 
@@ -250,7 +335,7 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
     add_bias(q, L.bq);
     add_bias(k, L.bk);
     add_bias(&v_[t * kvd], L.bv);
-    if (spec_->qk_norm) {
+    if (!L.q_norm.empty()) {
       rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
       rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
     }
@@ -269,7 +354,23 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
     for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
     rmsnorm(&x_[t * E], L.ffn_norm.data(), &h_[t * E], E, eps);
   }, INLINE_ROWS);
+  ffn(il, b, pool);
+  pool.parallel_for(T, [&](int64_t t) {
+    float* o = &o_[t * E];
+    if (spec_->post_norms) rmsnorm(o, L.post_ffn_norm.data(), o, E, eps);
+    for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
+  }, INLINE_ROWS);
+}
+
+void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int T = (int)b.size();
   act_invalidate(act_);
+  if (hp_.moe.moe_layer(il)) {
+    moe_.forward(pool, hp_.moe, L.moe, h_.data(), T, o_.data(), act_);
+    return;
+  }
+  const int64_t F = hp_.n_ff;
   matmul_group(pool, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
     if (spec_->gelu) gelu_mul(&gate_[t * F], &up_[t * F], F);
@@ -277,11 +378,6 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   }, INLINE_ROWS);
   act_invalidate(act_);
   matmul(pool, L.w_down, gate_.data(), T, o_.data(), act_);
-  pool.parallel_for(T, [&](int64_t t) {
-    float* o = &o_[t * E];
-    if (spec_->post_norms) rmsnorm(o, L.post_ffn_norm.data(), o, E, eps);
-    for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
-  }, INLINE_ROWS);
 }
 
 void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,

@@ -1,10 +1,10 @@
 // model: a decoder-only transformer read from a GGUF file — its hyper-parameters, its weights (pointers
 // into the mapping), and its batched forward pass.
 //
-// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, SmolLM2, TinyLlama), qwen2, qwen3 (dense),
-// smollm3. They share one
-// layer graph; ArchSpec holds what differs (norms around the blocks, q/k norms, biases, RoPE layout,
-// activation, embedding scale, sliding-window layers).
+// Supported architectures: gemma3, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2, TinyLlama), qwen2, qwen3,
+// qwen3moe, smollm3, glm4moe. They share one layer graph; ArchSpec holds what differs (norms around the blocks, q/k
+// norms, biases, RoPE layout, activation, embedding scale, sliding-window layers). Any of them may be a
+// mixture of experts: a file with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN.
 #pragma once
 
 #include <memory>
@@ -13,6 +13,7 @@
 
 #include "gguf.h"
 #include "kv_cache.h"
+#include "moe.h"
 #include "ops.h"
 #include "threadpool.h"
 
@@ -32,6 +33,8 @@ struct ArchSpec {
   bool post_norms;       // RMS norm after attention and after the FFN, before the residual add
   bool sliding_window;   // local layers attend to the last n_swa positions
   int no_rope_step = 0;  // > 0: every no_rope_step-th layer applies no RoPE (smollm3: 4, llama.cpp's constant)
+  bool moe_norm = true;  // MoE: renormalise the chosen experts' weights unless the file says (expert_weights_norm)
+  const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
 const ArchSpec& arch_spec(const std::string& arch);
@@ -55,9 +58,14 @@ struct HParams {
   int swa_pattern = 0;   // every swa_pattern-th layer is global (gemma3: 6)
   int no_rope_step = 0;  // every no_rope_step-th layer is position-free (NoPE), 0 = none
   float attn_scale = 0.f;// multiplies q·k
+  MoeParams moe;         // n_expert == 0: every layer dense
   int kv_dim() const { return n_head_kv * head_dim; }
   bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
   bool roped(int layer) const { return no_rope_step <= 0 || (layer + 1) % no_rope_step != 0; }
+  // The FFN inner width a token runs through in layer il: the dense width, or its experts' and the shared.
+  int64_t active_ff(int layer) const {
+    return moe.moe_layer(layer) ? (int64_t)moe.n_used * moe.n_ff + moe.n_ff_shared : n_ff;
+  }
 };
 
 // The hyper-parameters of an open file's model, from its metadata and tensor table alone (no weights read:
@@ -71,7 +79,8 @@ struct LayerWeights {
   std::vector<float> post_attn_norm, post_ffn_norm;       // [n_embd] (post_norms)
   std::vector<float> bq, bk, bv;                          // [n_head*hd], [kv_dim], [kv_dim] or empty
   Weight wq, wk, wv, wo;                                  // [n_head*hd × n_embd], [kv_dim × n_embd] ×2, [n_embd × n_head*hd_v]
-  Weight w_gate, w_up, w_down;                            // [n_ff × n_embd] ×2, [n_embd × n_ff]
+  Weight w_gate, w_up, w_down;                            // [n_ff × n_embd] ×2, [n_embd × n_ff] (dense layers)
+  MoeWeights moe;                                         // MoE layers (hp.moe.moe_layer(il))
 };
 
 // One engine step's tokens, from any number of sequences.
@@ -110,6 +119,10 @@ class Model {
   // one copy of each weight stays resident. Throws ModelError when the copy does not fit in memory.
   void pack_weights();
   Weight weight(const std::string& name, int64_t n_in, int64_t n_out) const;
+  // The n_expert matrices [n_out × n_in] of a 3-D expert tensor [n_in, n_out, n_expert].
+  std::vector<Weight> experts(const std::string& name, int64_t n_in, int64_t n_out) const;
+  void load_moe(int il, MoeWeights& w);
+  void ffn(int il, const Batch& b, ThreadPool& pool);  // o_ = the FFN (dense or MoE) of h_
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
   void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);
   void layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool);
@@ -129,6 +142,7 @@ class Model {
   std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights
   std::vector<std::vector<const uint16_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended
   ActBuffer act_;
+  MoeFfn moe_;
 };
 
 }  // namespace pyserve

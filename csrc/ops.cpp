@@ -318,8 +318,7 @@ void quantize_input(ThreadPool& pool, ActFormat f, const float* x, int64_t T, in
   if (act.source == x && act.format == f && act.rows == T && act.n == n) return;
   size_t stride = act_row_size(f, n);
   if (act.data.size() < stride * T) act.data.resize(stride * T);
-  uint8_t* dst = act.data.data();
-  pool.parallel_for(T, [&](int64_t t) { quantize_act_row(f, x + t * n, dst + t * stride, n); }, INLINE_ROWS);
+  quantize_rows(pool, f, x, T, n, act.data.data());
   act.source = x;
   act.format = f;
   act.rows = T;
@@ -365,20 +364,30 @@ void matmul_group(ThreadPool& pool, const std::vector<MatmulOut>& outs, const fl
   }
   const int64_t n = outs[0].w->n_in;
   quantize_input(pool, f, x, T, n, act);
+  std::vector<MatmulJob> jobs;
+  for (const MatmulOut& o : outs) jobs.push_back({o.w, act.data.data(), act_row_size(f, n), T, o.y});
+  matmul_jobs(pool, jobs);
+}
+
+void quantize_rows(ThreadPool& pool, ActFormat f, const float* x, int64_t T, int64_t n, uint8_t* dst) {
   const size_t stride = act_row_size(f, n);
-  const uint8_t* a = act.data.data();
-  // Tiles of all the weights in one index space: tile g is (weight i, rows [r0, r0 + ROW_TILE)).
-  std::vector<int64_t> first_tile(outs.size() + 1, 0);
-  for (size_t i = 0; i < outs.size(); i++)
-    first_tile[i + 1] = first_tile[i] + (outs[i].w->n_out + ROW_TILE - 1) / ROW_TILE;
+  pool.parallel_for(T, [&](int64_t t) { quantize_act_row(f, x + t * n, dst + t * stride, n); }, INLINE_ROWS);
+}
+
+void matmul_jobs(ThreadPool& pool, const std::vector<MatmulJob>& jobs) {
+  // Tiles of all the jobs in one index space: tile g is (job i, weight rows [r0, r0 + ROW_TILE)).
+  std::vector<int64_t> first_tile(jobs.size() + 1, 0);
+  for (size_t i = 0; i < jobs.size(); i++)
+    first_tile[i + 1] = first_tile[i] + (jobs[i].T > 0 ? (jobs[i].w->n_out + ROW_TILE - 1) / ROW_TILE : 0);
+  if (first_tile.back() == 0) return;
   pool.run([&](int ith, int nth) {
     auto [g0, g1] = ThreadPool::share(first_tile.back(), ith, nth);
     size_t i = 0;
     for (int64_t g = g0; g < g1; g++) {
       while (g >= first_tile[i + 1]) i++;
-      const Weight& W = *outs[i].w;
+      const MatmulJob& j = jobs[i];
       const int64_t r0 = (g - first_tile[i]) * ROW_TILE;
-      tile_product(W, r0, std::min(W.n_out - r0, ROW_TILE), a, stride, T, outs[i].y);
+      tile_product(*j.w, r0, std::min(j.w->n_out - r0, ROW_TILE), j.act, j.stride, j.T, j.y);
     }
   });
 }

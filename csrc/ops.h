@@ -74,6 +74,20 @@ struct MatmulOut {
 void matmul_group(ThreadPool& pool, const std::vector<MatmulOut>& outs, const float* x, int64_t T, ActBuffer& act);
 void act_invalidate(ActBuffer& act);
 
+// One product of a batch of them: y[T, w->n_out] = the T activation rows at act (stride bytes apart,
+// already in w's format: quantize_rows) · Wᵀ.
+struct MatmulJob {
+  const Weight* w;
+  const uint8_t* act;
+  size_t stride;
+  int64_t T;
+  float* y;
+};
+// Every job in one pass over the pool, one barrier (a MoE layer's experts, each with its own tokens).
+void matmul_jobs(ThreadPool& pool, const std::vector<MatmulJob>& jobs);
+// x[T, n] quantized row by row into format f at dst (T · act_row_size(f, n) bytes), split over the pool.
+void quantize_rows(ThreadPool& pool, ActFormat f, const float* x, int64_t T, int64_t n, uint8_t* dst);
+
 // Σ a[i]·h[i] with h in fp16, fixed order (attention scores against the fp16 KV cache).
 float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
 // Attention scores of the nh query heads that share K rows (GQA): s[h·len + j] = Σ_i q[h·hd + i] · k[j][i]

@@ -12,7 +12,16 @@ the control tokens ``<s>`` (BOS) and ``</s>`` (EOS)), so the whole pipeline can 
 Sizes: with 32-element quants (or F32/F16/BF16) n_embd 64, head_dim 16 (gemma3: 32, so that
 n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with K-quants (256-element blocks)
 n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. Layers: llama/qwen2
-2, smollm3 4 (the 4th position-free), qwen3 2 (head_dim 32 / 128: n_head * head_dim != n_embd), gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
+2, smollm3 4 (the 4th position-free), qwen3 and qwen3moe 2 (head_dim 32 / 128: n_head * head_dim != n_embd),
+gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
+
+Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
+2 used per token, llama.cpp's tensor names (ffn_gate_inp F32 as its quantizer leaves it, 3-D
+ffn_{gate,up,down}_exps [n_expert, n_out, n_in]). ``moe`` overrides: n_expert, n_used, n_ff, n_shared
+(shared experts of width n_ff each), dense_lead (leading dense layers), gating (1 softmax, 2 sigmoid, 3
+softmax over the chosen), norm (expert_weights_norm; absent: the arch's default), scale, select_bias
+(an exp_probs_b tensor). The router is scaled so that its logits spread by ~4: a token's best experts are
+seldom near a tie that rounding could swap.
 
 qtype: a type name for every 2-D weight ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
 "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "mixed" (a Q4_K_M-like mix like the real Gemma 3
@@ -37,7 +46,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
-ARCHS = ("llama", "qwen2", "qwen3", "smollm3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma3", "glm4moe")
+MOE_ARCHS = ("qwen3moe", "glm4moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_32 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -251,20 +261,79 @@ def default_dims(arch: str, qtype: Any) -> dict:
     kq = bool(_all_qtypes(qtype) & set(K_QUANTS))
     d = dict(n_embd=256 if kq else 64, n_head=4, n_head_kv=2, head_dim=64 if kq else 16,
              n_ff=512 if kq else 128, n_layer=2, n_ctx=512, eps=1e-5, rope_base=10000.0)
+    if arch == "glm4moe":  # GLM-4.5-Air's shape in small: half the head rotates, 1 dense + 2 MoE layers
+        d.update(n_layer=3, eps=1e-5, rope_base=1000000.0)
     if arch == "qwen2":
         d.update(eps=1e-6, rope_base=1000000.0)
     if arch == "smollm3":  # 4 layers: the last is position-free (llama.cpp's NoPE step 4)
         d.update(n_layer=4, rope_base=5000000.0)
-    if arch == "qwen3":  # n_head * head_dim != n_embd, as in the real Qwen3 files (0.6B: 16 x 128 vs 1024)
+    if arch in ("qwen3", "qwen3moe"):  # n_head * head_dim != n_embd, as in the real Qwen3 files (0.6B: 16 x 128 vs 1024)
         d.update(head_dim=128 if kq else 32, eps=1e-6, rope_base=1000000.0)
     if arch == "gemma3":
         d.update(head_dim=128 if kq else 32, n_layer=6, eps=1e-6, rope_base=1000000.0, sliding_window=8)
     return d
 
 
+MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias")
+
+
+def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
+    """The MoE sizes of a model (None: dense), defaults overridden by ``moe``."""
+    if moe is None and arch not in MOE_ARCHS:
+        return None
+    unknown = set(moe or {}) - set(MOE_KEYS)
+    if unknown:
+        raise TypeError(f"unknown moe keys {unknown}")
+    kq = bool(_all_qtypes(qtype) & set(K_QUANTS))
+    cfg = dict(n_expert=8, n_used=2, n_ff=256 if kq else 64, n_shared=0, dense_lead=0, gating=None, norm=None,
+               scale=None, select_bias=False)
+    if arch == "glm4moe":  # as the GLM-4.5 files: sigmoid routing with a choosing bias, one shared expert
+        cfg.update(n_shared=1, dense_lead=1, gating=2, norm=True, scale=2.5, select_bias=True)
+    cfg.update(moe or {})
+    return cfg
+
+
+def _add_experts(add, rng, p: str, n_embd: int, moe: dict) -> None:
+    """One MoE layer's tensors: router, experts (3-D), optional choosing bias and shared experts."""
+    n_exp, f = moe["n_expert"], moe["n_ff"]
+
+    def experts(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_exp, n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    add(p + "ffn_gate_inp.weight", (4.0 * rng.standard_normal((n_exp, n_embd)) / np.sqrt(n_embd)).astype(np.float32))
+    add(p + "ffn_gate_exps.weight", experts(f, n_embd), "ffn_gate_exps")
+    add(p + "ffn_up_exps.weight", experts(f, n_embd), "ffn_up_exps")
+    add(p + "ffn_down_exps.weight", experts(n_embd, f), "ffn_down_exps")
+    if moe["select_bias"]:
+        add(p + "exp_probs_b.bias", (0.3 * rng.standard_normal(n_exp)).astype(np.float32))
+    if moe["n_shared"]:
+        fs = moe["n_shared"] * f
+        add(p + "ffn_gate_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_gate")
+        add(p + "ffn_up_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_up")
+        add(p + "ffn_down_shexp.weight", (rng.standard_normal((n_embd, fs)) / np.sqrt(fs)).astype(np.float32), "ffn_down")
+
+
+def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
+    w.add_expert_count(moe["n_expert"])
+    w.add_expert_used_count(moe["n_used"])
+    w.add_expert_feed_forward_length(moe["n_ff"])
+    if moe["n_shared"]:
+        w.add_expert_shared_count(moe["n_shared"])
+        w.add_expert_shared_feed_forward_length(moe["n_ff"])
+    if moe["dense_lead"]:
+        w.add_leading_dense_block_count(moe["dense_lead"])
+    if moe["gating"] is not None:  # 3 (softmax over the chosen, gpt-oss) has no name in gguf-py's enum
+        w.add_uint32(gguf.Keys.LLM.EXPERT_GATING_FUNC.format(arch=w.arch), int(moe["gating"]))
+    if moe["norm"] is not None:
+        w.add_expert_weights_norm(bool(moe["norm"]))
+    if moe["scale"] is not None:
+        w.add_expert_weights_scale(float(moe["scale"]))
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
-                     chat_template: str | None = None, name: str | None = None, **dims: Any) -> Path:
+                     chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
+                     **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
@@ -277,8 +346,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if rope_freqs and arch != "llama":
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:
-        biases = arch == "qwen2"
-    if biases and arch in ("gemma3", "qwen3"):
+        biases = arch in ("qwen2", "glm4moe")
+    if biases and arch in ("gemma3", "qwen3", "qwen3moe"):
         raise ValueError(f"{arch} has no attention biases")
     for t in _all_qtypes(qtype):
         if t not in ALL_QTYPES:
@@ -290,6 +359,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     cfg.update(dims)
     n_embd, n_head, n_head_kv, hd = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
     n_ff, n_layer = cfg["n_ff"], cfg["n_layer"]
+    moe_cfg = moe_config(arch, qtype, moe)
 
     tokens, types, merges, bos, eos = tokenizer_vocab()
     n_vocab = len(tokens)
@@ -323,18 +393,27 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
             add(p + "attn_q.bias", (0.5 * rng.standard_normal(n_head * hd)).astype(np.float32))
             add(p + "attn_k.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
             add(p + "attn_v.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
-        if arch in ("gemma3", "qwen3"):
+        if arch in ("gemma3", "qwen3", "qwen3moe"):
             add(p + "attn_q_norm.weight", norm(hd))
             add(p + "attn_k_norm.weight", norm(hd))
         add(p + "attn_output.weight", mat(n_embd, n_head * hd), "attn_output")
         if arch == "gemma3":
             add(p + "post_attention_norm.weight", norm(n_embd))
-        add(p + "ffn_norm.weight", norm(n_embd))
-        add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
-        add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
-        add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
+        add(p + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"), norm(n_embd))
+        if moe_cfg and il >= moe_cfg["dense_lead"]:
+            _add_experts(add, rng, p, n_embd, moe_cfg)
+        else:
+            add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
+            add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
+            add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
         if arch == "gemma3":
             add(p + "post_ffw_norm.weight", norm(n_embd))
+    if arch == "glm4moe":  # a NextN (multi-token prediction) block after the model's layers, as GLM files carry
+        p = f"blk.{n_layer}."
+        add(p + "nextn.eh_proj.weight", mat(n_embd, 2 * n_embd), "attn_q")
+        for part in ("enorm", "hnorm", "shared_head_norm"):
+            add(p + f"nextn.{part}.weight", norm(n_embd))
+        add(p + "attn_norm.weight", norm(n_embd))
     add("output_norm.weight", out_norm_scale * norm(n_embd))
     if not tied:
         add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
@@ -349,7 +428,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_name(name or f"pyserve test {arch} {qtype if isinstance(qtype, str) else 'custom'}")
     w.add_context_length(int(cfg["n_ctx"]))
     w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
+    w.add_block_count(n_layer + (arch == "glm4moe"))
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
@@ -361,6 +440,11 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if arch in ("llama", "smollm3"):
         w.add_rope_dimension_count(hd)
         w.add_vocab_size(n_vocab)
+    if arch == "glm4moe":
+        w.add_rope_dimension_count(hd // 2)
+        w.add_nextn_predict_layers(1)
+    if moe_cfg:
+        _write_moe_keys(w, moe_cfg)
     if arch == "gemma3" and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     if isinstance(qtype, str) and qtype in FILE_TYPES:
@@ -394,7 +478,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     return path
 
 
-__all__ = ["write_test_model", "default_dims", "tokenizer_vocab", "bytes_to_unicode", "quantize",
+__all__ = ["write_test_model", "default_dims", "moe_config", "MOE_ARCHS", "tokenizer_vocab", "bytes_to_unicode", "quantize",
            "ARCHS", "ALL_QTYPES", "K_QUANTS", "BLOCK_32", "FLOAT_TYPES", "N_VOCAB", "MIXED"]
 
 

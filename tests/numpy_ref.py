@@ -22,6 +22,18 @@ Supported architectures (the graph follows llama.cpp's src/models/*.cpp):
 * ``qwen2``  - as llama, with q/k/v biases and RoPE NeoX mode (pairs (i, i + n_rot/2)).
 * ``qwen3``  - as qwen2 without biases, with a per-head rmsnorm of q and k before RoPE (src/models/qwen3.cpp).
 * ``smollm3`` - as llama, with no RoPE on every 4th layer ((il + 1) % 4 == 0; src/models/smollm3.cpp).
+* ``qwen3moe`` - as qwen3, with a mixture-of-experts FFN (src/models/qwen3moe.cpp).
+* ``glm4moe`` - as qwen2 (q/k/v biases, NeoX RoPE, here on the first rope.dimension_count of each head),
+  q/k norms where the file has them, the FFN's norm named ``post_attention_norm``, a MoE FFN after
+  ``leading_dense_block_count`` dense layers; the last ``nextn_predict_layers`` blocks (multi-token
+  prediction) are not part of the forward (src/models/glm4-moe.cpp).
+* Mixture of experts, in any of them whose file has ``<arch>.expert_count`` (llama.cpp's build_moe_ffn):
+  router logits = ffn_norm(x) @ ffn_gate_inp; probabilities by softmax (gating 1), sigmoid (2) or the
+  raw logits (3); the n_used best of probabilities + ``exp_probs_b`` chosen (ties to the lower id); their
+  weights = the chosen probabilities (gating 3: a softmax over the chosen logits), renormalised to sum 1
+  when ``expert_weights_norm`` (default: true), times ``expert_weights_scale``; out = Σ weight · down_e(
+  SiLU(gate_e h) · up_e h) + the shared experts' SiLU FFN (``ffn_*_shexp``); the first
+  ``leading_dense_block_count`` layers keep a dense FFN.
 * ``gemma3`` - x = embd[tok] * sqrt(n_embd); sliding-window layers unless (il + 1) % 6 == 0 (local
   layers use rope base 10000, global ones ``rope.freq_base`` and the rope scaling); per-head rmsnorm of
   q and k; RoPE NeoX; q *= 1/sqrt(key_length); post-attention and post-FFN rmsnorms; GELU(tanh)-gated
@@ -44,7 +56,7 @@ from gguf.quants import dequantize
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "smollm3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma3", "glm4moe")
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
 GEMMA3_SWA_PATTERN = 6          # llama.cpp: hparams.set_swa_pattern(6)
@@ -85,7 +97,31 @@ class HParams:
     layer_rope_scale: list[float] = field(default_factory=list)
     layer_roped: list[bool] = field(default_factory=list)  # False: a position-free (NoPE) layer
     final_logit_softcap: float = 0.0
+    moe: "MoeHParams | None" = None
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class MoeHParams:
+    n_expert: int
+    n_used: int
+    dense_lead: int = 0     # leading layers with a dense FFN
+    gating: int = 1         # 1 softmax, 2 sigmoid, 3 softmax over the chosen logits
+    norm: bool = True       # renormalise the chosen weights
+    scale: float = 1.0
+
+    def layer(self, il: int) -> bool:
+        return il >= self.dense_lead
+
+
+def _read_moe(key) -> MoeHParams | None:
+    n_expert = int(key("expert_count", 0) or 0)
+    if not n_expert:
+        return None
+    scale = float(key("expert_weights_scale", 0.0) or 0.0)
+    return MoeHParams(n_expert=n_expert, n_used=int(key("expert_used_count", required=True)),
+                      dense_lead=int(key("leading_dense_block_count", 0)), gating=int(key("expert_gating_func", 1)),
+                      norm=bool(key("expert_weights_norm", True)), scale=scale or 1.0)
 
 
 def read_hparams(reader: GGUFReader) -> HParams:
@@ -101,12 +137,9 @@ def read_hparams(reader: GGUFReader) -> HParams:
             return default
         return v
 
-    if key("expert_count", 0):
-        raise NotImplementedError("mixture-of-experts models are not supported by the reference")
-
     n_embd = int(key("embedding_length", required=True))
-    n_layer = int(key("block_count", required=True))
-    n_ff_raw = key("feed_forward_length", required=True)
+    n_layer = int(key("block_count", required=True)) - int(key("nextn_predict_layers", 0))
+    n_ff_raw = key("feed_forward_length", 0, required=not key("expert_count", 0))
     n_ff = [int(v) for v in n_ff_raw] if isinstance(n_ff_raw, (list, tuple)) else [int(n_ff_raw)] * n_layer
     n_head_raw = key("attention.head_count", required=True)
     n_head_kv_raw = key("attention.head_count_kv", n_head_raw)
@@ -141,7 +174,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
         arch=arch, n_vocab=0, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
         n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, eps=eps,
         rope_type=ROPE_NORM if arch in ("llama", "smollm3") else ROPE_NEOX, n_rot=n_rot, rope_base=rope_base,
-        rope_freq_scale=rope_freq_scale, attn_scale=1.0 / math.sqrt(head_dim_k),
+        rope_freq_scale=rope_freq_scale, attn_scale=1.0 / math.sqrt(head_dim_k), moe=_read_moe(key),
     )
     f_attn_scale = key("attention.scale", None)
     if f_attn_scale:
@@ -268,11 +301,15 @@ def ref_logits(path_or_reader: Any, token_ids: Sequence[int], rows: Iterable[int
     rows: the positions whose logits are wanted (default: all). dtype: the activations' type.
     trace: if a dict is given, intermediate activations are stored in it (float64/dtype arrays of all
     positions), e.g. ``trace["inp"]``, ``trace["l0.attn_norm"]``, ``trace["l0.q"]`` (after RoPE),
-    ``trace["l0.attn_out"]`` (before Wo), ``trace["l0.out"]``, ``trace["result_norm"]``.
+    ``trace["l0.attn_out"]`` (before Wo), ``trace["l0.out"]``, ``trace["result_norm"]``; in a MoE layer
+    ``trace["l1.route_margin"]`` (per token: see route_margin).
 
     emulate_ggml: False (default: the exact computation), True, or some of "act" (round each matmul's
     input as ggml's CPU kernels do: Q8_0 / Q8_K / f16 by the weight's type), "kv" (f16 q/k/v, as the
-    f16 KV cache and CPU flash attention), "gelu" (ggml's f16 GELU table). emulate_seed: with "act",
+    f16 KV cache and CPU flash attention), "gelu" (ggml's f16 GELU table); or pyserve's own rounding,
+    PYSERVE_NUMERICS: "act32" (8-bit activations in blocks of 32 / 256 with a float32 scale amax/127, for
+    every quantized weight type), "kv16" (f16 K and V: the KV cache; q stays float). emulate_seed: with "act",
+    "act32",
     jitter the matmul inputs by 1e-6 (relative) first, drawing another equally plausible set of
     rounding decisions; the spread over seeds estimates the noise of an 8-bit-activation
     implementation.
@@ -386,7 +423,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
 _Q8_0_DOT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"}  # vec_dot_type Q8_0 (Q4_1/Q5_1: Q8_1)
 _Q8_K_DOT = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}  # vec_dot_type Q8_K
 
-EMULATION_FLAGS = ("act", "kv", "gelu")
+GGML_NUMERICS = ("act", "kv", "gelu")
+PYSERVE_NUMERICS = ("act32", "kv16")
+EMULATION_FLAGS = GGML_NUMERICS + PYSERVE_NUMERICS
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -423,16 +462,89 @@ def quantize_activations(x: np.ndarray, weight_type: str) -> np.ndarray:
     return x
 
 
+def quantize_activations_pyserve(x: np.ndarray, weight_type: str) -> np.ndarray:
+    """x [..., n_in] rounded as pyserve's engine rounds a matmul's input for a weight of this type (csrc/quant.cpp
+    quantize_act_row): blocks of 32 (the legacy types) or 256 (K-quants), d = amax / 127 in float32, q = round
+    half to even of x · (1/d); float weights take the input unchanged."""
+    block = 32 if weight_type in _Q8_0_DOT else 256 if weight_type in _Q8_K_DOT else 0
+    if not block:
+        return x
+    b = x.astype(np.float32).reshape(-1, block)
+    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d))
+    return (np.round(b * inv) * d).astype(x.dtype).reshape(x.shape)
+
+
 def _emulation_flags(e) -> set:
     if not e:
         return set()
     if e is True:
-        return set(EMULATION_FLAGS)
+        return set(GGML_NUMERICS)
     flags = {e} if isinstance(e, str) else set(e)
     unknown = flags - set(EMULATION_FLAGS)
     if unknown:
         raise ValueError(f"unknown emulation flags {unknown}")
     return flags
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def route(moe: MoeHParams, logits: np.ndarray, select_bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(chosen experts [T, n_used] best first, their weights [T, n_used]) from router logits [T, n_expert]."""
+    probs = softmax(logits) if moe.gating == 1 else 1.0 / (1.0 + np.exp(-logits)) if moe.gating == 2 else logits
+    score = probs + (select_bias if select_bias is not None else 0.0)
+    chosen = np.argsort(-score, axis=-1, kind="stable")[:, :moe.n_used]
+    w = np.take_along_axis(probs, chosen, axis=-1)
+    if moe.gating == 3:
+        w = softmax(w)
+    if moe.norm:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return chosen, w * moe.scale
+
+
+def route_margin(moe: MoeHParams, logits: np.ndarray, select_bias: np.ndarray | None) -> np.ndarray:
+    """Per token [T], how far the last chosen expert is ahead of the best one left out, in router-logit units (the
+    score gap over the score's slope; inf: all chosen): where it is tiny, a rounding of the router's input may
+    choose the other."""
+    if moe.n_used >= moe.n_expert:
+        return np.full(len(logits), np.inf)
+    probs = softmax(logits) if moe.gating == 1 else 1.0 / (1.0 + np.exp(-logits)) if moe.gating == 2 else logits
+    score = probs + (select_bias if select_bias is not None else 0.0)
+    order = np.argsort(-score, axis=-1, kind="stable")
+    last, out = order[:, moe.n_used - 1:moe.n_used], order[:, moe.n_used:moe.n_used + 1]
+    gap = (np.take_along_axis(score, last, -1) - np.take_along_axis(score, out, -1))[:, 0]
+    if moe.gating == 1:  # the order of the probabilities is the logits' order
+        return (np.take_along_axis(logits, last, -1) - np.take_along_axis(logits, out, -1))[:, 0]
+    if moe.gating == 2:
+        p = np.take_along_axis(probs, np.concatenate([last, out], -1), -1)
+        return gap / np.maximum(p * (1 - p), 1e-12).max(axis=-1)
+    return gap
+
+
+def moe_ffn(m: "RefModel", moe: MoeHParams, p: str, f: np.ndarray, qact, margins: list | None = None) -> np.ndarray:
+    """The MoE block of the FFN-normed rows f [T, n_embd] in layer prefix p (margins: gets route_margin)."""
+    def expert_mm(h, name, e):
+        return h @ m.weight(p + name + ".weight")[e].T.astype(h.dtype)
+
+    logits = linear(qact(f, p + "ffn_gate_inp.weight"), m.weight(p + "ffn_gate_inp.weight"))
+    chosen, weights = route(moe, logits, m.weight(p + "exp_probs_b.bias", optional=True))
+    if margins is not None:
+        margins.append(route_margin(moe, logits, m.weight(p + "exp_probs_b.bias", optional=True)))
+    out = np.zeros_like(f)
+    for e in np.unique(chosen):
+        rows, slot = np.nonzero(chosen == e)
+        h = f[rows]
+        g = silu(expert_mm(qact(h, p + "ffn_gate_exps.weight"), "ffn_gate_exps", e))
+        g = g * expert_mm(qact(h, p + "ffn_up_exps.weight"), "ffn_up_exps", e)
+        out[rows] += weights[rows, slot][:, None] * expert_mm(qact(g, p + "ffn_down_exps.weight"), "ffn_down_exps", e)
+    if m.has(p + "ffn_gate_shexp.weight"):
+        def sh(h, name):
+            return linear(qact(h, p + name + ".weight"), m.weight(p + name + ".weight"))
+        out = out + sh(silu(sh(f, "ffn_gate_shexp")) * sh(f, "ffn_up_shexp"), "ffn_down_shexp")
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -463,11 +575,12 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
     jitter = np.random.default_rng(emulate_seed) if emulate_seed is not None else None
 
     def qact(h: np.ndarray, weight_name: str) -> np.ndarray:
-        if "act" not in emu:
+        if not emu & {"act", "act32"}:
             return h
         if jitter is not None:  # another, equally valid, set of rounding decisions
             h = h * (1.0 + 1e-6 * jitter.standard_normal(h.shape))
-        return quantize_activations(h, m.tensors[weight_name].tensor_type.name)
+        rounding = quantize_activations if "act" in emu else quantize_activations_pyserve
+        return rounding(h, m.tensors[weight_name].tensor_type.name)
 
     def mm(h: np.ndarray, name: str) -> np.ndarray:
         """h @ W^T (+ bias) for the weight ``name + ".weight"``."""
@@ -507,6 +620,8 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         tr(f"l{il}.v", v)
         if "kv" in emu:   # f16 KV cache; the CPU flash-attention converts q to f16 as well
             q, k, v = _f16(q * hp.attn_scale) / hp.attn_scale, _f16(k), _f16(v)
+        elif "kv16" in emu:
+            k, v = _f16(k), _f16(v)
         a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale)
         tr(f"l{il}.attn_out", a)
         o = mm(a, p + "attn_output")
@@ -516,8 +631,14 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         tr(f"l{il}.attn_resid", x)
 
         # ---- feed-forward ----
-        f = rms_norm(x, w("ffn_norm.weight"), hp.eps)
-        f = mm(act_fn(mm(f, p + "ffn_gate")) * mm(f, p + "ffn_up"), p + "ffn_down")
+        f = rms_norm(x, w("post_attention_norm.weight" if hp.arch == "glm4moe" else "ffn_norm.weight"), hp.eps)
+        if hp.moe is not None and hp.moe.layer(il):
+            margins = [] if trace is not None else None
+            f = moe_ffn(m, hp.moe, p, f, qact, margins)
+            if margins:
+                tr(f"l{il}.route_margin", margins[0])
+        else:
+            f = mm(act_fn(mm(f, p + "ffn_gate")) * mm(f, p + "ffn_up"), p + "ffn_down")
         if is_gemma:
             f = rms_norm(f, w("post_ffw_norm.weight"), hp.eps)
         x = x + f
@@ -542,6 +663,6 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
 
 
 __all__ = [
-    "HParams", "RefModel", "read_hparams", "load_model", "ref_logits", "ref_hidden", "log_softmax", "rms_norm",
+    "HParams", "MoeHParams", "RefModel", "read_hparams", "load_model", "ref_logits", "ref_hidden", "log_softmax", "rms_norm",
     "rope", "attention", "attention_mask", "gelu_tanh", "silu", "ROPE_NORM", "ROPE_NEOX",
 ]

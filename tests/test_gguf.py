@@ -7,7 +7,7 @@ import pytest
 
 from pyserve import _engine
 
-from model_factory import write_all_types_gguf
+from model_factory import write_all_types_gguf, write_test_model
 
 TENSOR = "blk.0.attn_q.weight"
 
@@ -169,5 +169,15 @@ def test_wrong_metadata_type_for_model(tmp_path):
 
 def test_unsupported_architecture_lists_supported(tmp_path):
     path = write_stub_model(tmp_path / "m.gguf", "mamba")
-    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma3, llama, qwen2, qwen3, smollm3"):
+    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma3, llama, qwen2, qwen3, qwen3moe, smollm3"):
+        _engine.Engine(str(path), n_threads=1)
+
+
+def test_moe_hyper_parameters_out_of_range_name_the_key(tmp_path):
+    """More experts per token than the layer has, or an unknown gating function: the error names the key."""
+    path = write_test_model(tmp_path / "a.gguf", "qwen3moe", moe={"n_used": 9})
+    with pytest.raises(_engine.GGUFError, match=r"'qwen3moe.expert_used_count' is 9, outside \[1, 8\]"):
+        _engine.Engine(str(path), n_threads=1)
+    path = write_test_model(tmp_path / "b.gguf", "qwen3moe", moe={"gating": 7})
+    with pytest.raises(_engine.GGUFError, match=r"'qwen3moe.expert_gating_func' is 7, outside \[1, 3\]"):
         _engine.Engine(str(path), n_threads=1)

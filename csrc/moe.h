@@ -1,0 +1,74 @@
+// moe: the mixture-of-experts feed-forward block. A router scores every expert for each token, the token
+// runs its n_used best experts (SiLU-gated FFNs) and sums their outputs with the router's weights; shared
+// experts, where the file has them, run for every token and add in.
+//
+// One step's tokens are grouped by expert, so each chosen expert's weights are read once per step
+// whatever the batch (a prefill reads each expert at most once; a decode step reads only the experts its
+// tokens chose: its memory traffic is the active parameters, not the total). Every product goes through
+// the same row-tile kernels as the dense matmul, and a token's expert outputs are summed in the order of
+// its selection, so a token's result does not depend on the batch it is in (batch invariance).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops.h"
+#include "threadpool.h"
+
+namespace pyserve {
+
+// How router logits become the chosen experts' weights (values: llama.cpp's expert_gating_func ids).
+enum class Gating {
+  Softmax = 1,        // softmax over all experts; the weights are the chosen ones' probabilities
+  Sigmoid = 2,        // sigmoid per expert (GLM-4 MoE, DeepSeek-V3)
+  SoftmaxWeight = 3,  // chosen by raw logit; the weights are a softmax over the chosen logits (gpt-oss)
+};
+
+struct MoeParams {
+  int n_expert = 0;           // experts per MoE layer; 0 = a dense model
+  int n_used = 0;             // experts each token runs
+  int n_ff = 0;               // inner width of one expert
+  int n_ff_shared = 0;        // inner width of the shared experts together; 0 = none
+  int n_dense_lead = 0;       // leading layers that have a dense FFN instead
+  Gating gating = Gating::Softmax;
+  bool norm_weights = false;  // the chosen weights renormalised to sum to 1
+  float weights_scale = 1.f;  // then multiplied by this
+  bool moe_layer(int il) const { return n_expert > 0 && il >= n_dense_lead; }
+};
+
+struct MoeWeights {
+  Weight router;                       // [n_expert × n_embd]
+  std::vector<float> select_bias;      // [n_expert] added to the scores for choosing only, or empty
+  std::vector<Weight> gate, up, down;  // [n_expert] each: [n_ff × n_embd], [n_ff × n_embd], [n_embd × n_ff]
+  Weight sh_gate, sh_up, sh_down;      // shared experts (n_ff_shared > 0): as one dense SiLU FFN
+};
+
+// One token's routing: from logits[n_expert] (and select_bias[n_expert] or null) the chosen experts
+// ids[n_used] in order of their score (best first; ties to the lower id) and their weights w[n_used].
+void route(const MoeParams& p, const float* logits, const float* select_bias, int32_t* ids, float* w);
+
+class MoeFfn {
+ public:
+  // out[T × n_embd] = the MoE block of h[T × n_embd] (the FFN-normed residual). Scratch is kept across calls.
+  void forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T,
+               float* out, ActBuffer& act);
+
+ private:
+  void group_by_expert(const MoeParams& p, int64_t T);
+  const uint8_t* gathered(ThreadPool& pool, ActFormat f, const float* h, int64_t T, int64_t n, int which);
+  void run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T);
+  void combine(ThreadPool& pool, const MoeParams& p, int64_t T, int64_t E, float* out);
+
+  std::vector<float> logits_;     // [T × n_expert] router logits
+  std::vector<int32_t> ids_;      // [T × n_used] chosen experts
+  std::vector<float> weights_;    // [T × n_used] their weights
+  std::vector<int32_t> slot_row_; // [T × n_used] the row of slot (t, k) in the expert-sorted order
+  std::vector<int32_t> row_tok_;  // [T × n_used] the token of each sorted row
+  std::vector<int64_t> first_;    // [n_expert + 1] first sorted row of each expert
+  std::vector<uint8_t> hq_[2], xq_[2];  // h quantized per token, then gathered per sorted row (per format)
+  std::vector<uint8_t> gq_;       // the gated activations quantized for the down projections
+  std::vector<float> g_, u_, y_;  // [rows × n_ff] ×2, [rows × n_embd]
+  std::vector<float> sg_, su_, sy_;  // the shared experts': [T × n_ff_shared] ×2, [T × n_embd]
+};
+
+}  // namespace pyserve

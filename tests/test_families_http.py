@@ -1,0 +1,89 @@
+"""Every model family behind the real server, with what the server does for the default model: a random model
+of each architecture model_factory writes (the MoE ones included) served by `pyserve serve` on a loopback port
+and driven with the openai SDK. Greedy text is what the engine's own prefill argmax gives, streamed equals
+not streamed, a repeated prompt is served from the prefix cache with the same text, n=2 forks two samples,
+and speculative decoding (on by default) gives the same bits as a server without it.
+"""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+import model_factory as tm
+from pyserve import _engine
+from pyserve.bench.launch import ServerProcess
+
+PROMPT = "Hello world and the world of the " * 6  # 48 tokens: whole KV blocks for the prefix cache
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("families")
+    return {arch: tm.write_test_model(d / f"{arch}.gguf", arch, qtype="Q8_0", name=f"family {arch}")
+            for arch in tm.ARCHS}
+
+
+def sdk(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def greedy(client: openai.OpenAI, model: str, stream: bool = False, **kw) -> tuple[str, list[float], object]:
+    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=1,
+                                    stream=stream, **kw)
+    if not stream:
+        ch = out.choices[0]
+        return ch.text, ch.logprobs.token_logprobs, out.usage
+    text, lps = "", []
+    for chunk in out:
+        for ch in chunk.choices:
+            text += ch.text
+            lps += ch.logprobs.token_logprobs if ch.logprobs else []
+    return text, lps, None
+
+
+def engine_greedy(path, prompt_ids: list[int], n: int) -> list[int]:
+    """Greedy tokens from the engine's prefill argmax, one token at a time (no server, no KV cache reuse)."""
+    eng = _engine.Engine(str(path), n_threads=1)
+    ids = list(prompt_ids)
+    for _ in range(n):
+        tok = int(eng.prompt_logits(ids)[-1].argmax())
+        ids.append(tok)
+        if tok == tm.tokenizer_vocab()[4]:
+            break
+    return ids[len(prompt_ids):]
+
+
+@pytest.mark.parametrize("arch", tm.ARCHS)
+def test_a_family_serves_as_the_default_model_does(models, arch):
+    with ServerProcess("--model", str(models[arch])).wait_ready() as srv:
+        client = sdk(srv)
+        text, lps, usage = greedy(client, srv.model)
+        expected = engine_greedy(models[arch], post(srv, "/tokenize", prompt=PROMPT)["tokens"], MAX_TOKENS)
+        assert text == post(srv, "/detokenize", tokens=expected)["prompt"] and len(lps) == len(expected)
+        assert greedy(client, srv.model, stream=True)[:2] == (text, lps)
+        again = greedy(client, srv.model)
+        assert again[:2] == (text, lps) and again[2].prompt_tokens_details.cached_tokens > 0
+        texts = [[c.text for c in sampled(client, srv.model).choices] for _ in range(2)]
+        assert texts[0] == texts[1] and len(texts[0]) == 2  # n=2 with a seed: two samples, reproducible
+
+
+def post(srv: ServerProcess, path: str, **body) -> dict:
+    r = httpx.post(srv.url + path, json={"model": srv.model, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sampled(client: openai.OpenAI, model: str):
+    return client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, n=2, seed=7, temperature=1.0)
+
+
+@pytest.mark.parametrize("arch", tm.MOE_ARCHS)
+def test_speculative_decoding_changes_no_bit_on_a_moe_model(models, arch):
+    results = []
+    for flags in ((), ("--speculative-ngram", "0")):
+        with ServerProcess("--model", str(models[arch]), *flags).wait_ready() as srv:
+            client = sdk(srv)
+            results.append([greedy(client, srv.model, stream)[:2] for stream in (False, True)])
+    assert results[0] == results[1]
