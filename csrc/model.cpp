@@ -6,133 +6,11 @@
 
 namespace pyserve {
 
-namespace {
-
-const ArchSpec ARCHS[] = {
-    // name     neox   gelu   embd_scale qk_norm post_norms sliding_window [no_rope_step moe_norm ffn_norm]
-    {"gemma3", true, true, true, true, true, true},
-    {"llama", false, false, false, false, false, false},
-    {"qwen2", true, false, false, false, false, false},
-    {"qwen3", true, false, false, true, false, false},  // qwen2 without biases, q/k normed per head before RoPE
-    {"qwen3moe", true, false, false, true, false, false},  // qwen3 with MoE layers (softmax top-k, renormalised)
-    {"smollm3", false, false, false, false, false, false, 4},  // llama with every 4th layer position-free
-    // GLM-4.5/4.6/4.7 MoE: q/k/v biases, q/k norms where the file has them, partial NeoX RoPE, the FFN's norm
-    // named post_attention_norm, leading dense layers, sigmoid routing + choosing bias, a shared expert; the
-    // NextN (MTP) layers at the end of block_count are not run
-    {"glm4moe", true, false, false, false, false, false, 0, true, "post_attention_norm"},
-};
-
-}  // namespace
-
-std::vector<std::string> supported_architectures() {
-  std::vector<std::string> names;
-  for (const ArchSpec& a : ARCHS) names.push_back(a.name);
-  return names;
-}
-
-const ArchSpec& arch_spec(const std::string& arch) {
-  for (const ArchSpec& a : ARCHS)
-    if (arch == a.name) return a;
-  std::string list;
-  for (const std::string& n : supported_architectures()) list += (list.empty() ? "" : ", ") + n;
-  throw ModelError("unsupported architecture '" + printable(arch) + "' (supported: " + list + ")");
-}
-
 Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
   hp_ = read_hparams(*file_);
   spec_ = &arch_spec(hp_.arch);
   load_weights();
   pack_weights();
-}
-
-namespace {
-
-constexpr int64_t MAX_DIM = 1 << 20;
-
-// Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
-// around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
-// cache before any tensor is looked at, so it is bounded by the tensor count: >= 9 tensors a layer).
-int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, const int64_t* def) {
-  int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
-  if (v < lo || v > hi)
-    f.fail("metadata key '" + key + "' is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
-           std::to_string(hi) + "]");
-  return (int)v;
-}
-
-// The MoE keys (llama.cpp's names) of a file with `<arch>.expert_count` > 0. A Mixtral-style file has no
-// expert width of its own: its experts are feed_forward_length wide.
-MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec, int n_ff, int n_layer) {
-  MoeParams m;
-  const int64_t zero = 0, softmax = (int64_t)Gating::Softmax, norm = spec.moe_norm, ff = n_ff;
-  m.n_expert = ranged(f, a + "expert_count", 0, 1 << 12, &zero);
-  if (m.n_expert == 0) return m;
-  m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
-  m.n_ff = ranged(f, a + "expert_feed_forward_length", 1, MAX_DIM, n_ff > 0 ? &ff : nullptr);
-  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &zero), ff_exp = m.n_ff;
-  m.n_ff_shared = (int)n_shared * ranged(f, a + "expert_shared_feed_forward_length", 1, MAX_DIM, &ff_exp);
-  m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
-  m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &softmax);
-  m.norm_weights = ranged(f, a + "expert_weights_norm", 0, 1, &norm) != 0;
-  const double scale = f.get_float(a + "expert_weights_scale", 1.0);
-  m.weights_scale = scale == 0.0 ? 1.0f : (float)scale;  // llama.cpp: 0 means unscaled
-  return m;
-}
-
-}  // namespace
-
-HParams read_hparams(const GGUFFile& f) {
-  HParams hp_;
-  hp_.arch = f.get_str("general.architecture");
-  const ArchSpec* spec_ = &arch_spec(hp_.arch);
-  const std::string a = hp_.arch + ".";
-  auto ranged = [&](const std::string& key, int64_t lo, int64_t hi, const int64_t* def) -> int {
-    return pyserve::ranged(f, key, lo, hi, def);
-  };
-  const int64_t max_dim = MAX_DIM, max_heads = 1 << 12, no_ff = 0;
-  hp_.n_embd = ranged(a + "embedding_length", 1, max_dim, nullptr);
-  hp_.n_layer = ranged(a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 9), nullptr);
-  const int64_t no_mtp = 0;  // NextN / MTP layers close the block list; the forward stops before them
-  hp_.n_layer -= ranged(a + "nextn_predict_layers", 0, hp_.n_layer - 1, &no_mtp);
-  // An all-MoE model may have no dense width; read_moe then needs the experts' own.
-  const bool moe = f.get_int(a + "expert_count", 0) > 0;
-  hp_.n_ff = ranged(a + "feed_forward_length", moe ? 0 : 1, max_dim, moe ? &no_ff : nullptr);
-  hp_.moe = read_moe(f, a, *spec_, hp_.n_ff, hp_.n_layer);
-  if (hp_.moe.n_dense_lead > 0 && hp_.n_ff == 0) f.fail("missing metadata key '" + a + "feed_forward_length'");
-  hp_.n_head = ranged(a + "attention.head_count", 1, max_heads, nullptr);
-  const int64_t n_head = hp_.n_head;
-  hp_.n_head_kv = ranged(a + "attention.head_count_kv", 1, max_heads, &n_head);
-  if (hp_.n_head % hp_.n_head_kv || hp_.n_head / hp_.n_head_kv > 64)
-    f.fail("inconsistent hyper-parameters (embedding_length, block_count, head counts, feed_forward_length)");
-  const int64_t hd_def = hp_.n_embd / hp_.n_head;
-  hp_.head_dim = ranged(a + "attention.key_length", 1, 4096, &hd_def);
-  const int64_t hdv_def = hp_.head_dim;
-  hp_.head_dim_v = ranged(a + "attention.value_length", 1, 4096, &hdv_def);
-  if (hp_.head_dim_v != hp_.head_dim || hp_.head_dim % 2)
-    f.fail("unsupported head dimensions (key_length " + std::to_string(hp_.head_dim) + ", value_length " +
-           std::to_string(hp_.head_dim_v) + ")");
-  const int64_t ctx_def = 4096;
-  hp_.n_ctx_train = ranged(a + "context_length", 1, 1 << 24, &ctx_def);
-  hp_.eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
-  hp_.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
-  const int64_t rope_def = hp_.head_dim;
-  hp_.rope_dim = ranged(a + "rope.dimension_count", 1, hp_.head_dim, &rope_def);
-  if (hp_.rope_dim <= 0 || hp_.rope_dim > hp_.head_dim || hp_.rope_dim % 2) f.fail("bad rope.dimension_count");
-  std::string scaling = f.get_str(a + "rope.scaling.type", "none");
-  if (scaling == "linear") hp_.rope_freq_scale = 1.0f / (float)f.get_float(a + "rope.scaling.factor", 1.0);
-  else if (scaling != "none") f.fail("unsupported rope.scaling.type '" + scaling + "'");
-  hp_.attn_scale = 1.0f / std::sqrt((float)hp_.head_dim);
-  hp_.no_rope_step = spec_->no_rope_step;
-  if (spec_->sliding_window) {
-    const int64_t swa_def = 0, pattern_def = 6;
-    hp_.n_swa = ranged(a + "attention.sliding_window", 0, 1 << 24, &swa_def);
-    hp_.swa_pattern = ranged(a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
-    hp_.rope_base_local = 10000.f;  // gemma3's local layers use their own base (llama.cpp: rope_freq_base_train_swa)
-  }
-  const GGUFTensor* emb = f.find("token_embd.weight");
-  if (!emb) f.fail("missing tensor 'token_embd.weight'");
-  hp_.n_vocab = (int)emb->ne[1];
-  return hp_;
 }
 
 Weight Model::weight(const std::string& name, int64_t n_in, int64_t n_out) const {
@@ -212,8 +90,10 @@ void Model::load_weights() {
   for (int il = 0; il < hp_.n_layer; il++) {
     LayerWeights& L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
-    L.attn_norm = vec(p + "attn_norm.weight", E);
-    L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
+    if (spec_->pre_norms) {
+      L.attn_norm = vec(p + "attn_norm.weight", E);
+      L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
+    }
     L.wq = weight(p + "attn_q.weight", E, qd);
     L.wk = weight(p + "attn_k.weight", E, kvd);
     L.wv = weight(p + "attn_v.weight", E, kvd);
@@ -229,8 +109,8 @@ void Model::load_weights() {
       L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
     }
     {  // required where the architecture has them, used wherever the file has them
-      L.q_norm = vec(p + "attn_q_norm.weight", hd, !spec_->qk_norm);
-      L.k_norm = vec(p + "attn_k_norm.weight", hd, !spec_->qk_norm);
+      L.q_norm = vec(p + "attn_q_norm.weight", spec_->qk_norm_full ? qd : hd, !spec_->qk_norm);
+      L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm);
     }
     if (spec_->post_norms) {
       L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
@@ -262,6 +142,11 @@ void Model::load_moe(int il, MoeWeights& w) {
 }
 
 namespace {
+
+// x[i] = c · tanh(x[i] / c): gemma2's soft-capping of attention scores and logits.
+void softcap(float* x, size_t n, float c) {
+  for (size_t i = 0; i < n; i++) x[i] = c * std::tanh(x[i] / c);
+}
 
 void add_bias(float* y, const std::vector<float>& b) {
   for (size_t i = 0; i < b.size(); i++) y[i] += b[i];
@@ -306,6 +191,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       }
       attention_scores_f16(q, group, hd, krows.data(), len, sc.data(), vrows.data());
       for (size_t i = 0; i < (size_t)len * group; i++) sc[i] *= hp_.attn_scale;
+      if (hp_.attn_softcap > 0.f) softcap(sc.data(), (size_t)len * group, hp_.attn_softcap);
       float inv[64];  // 1 / softmax denominator per head of the group
       for (int h = 0; h < group; h++) {
         float* s = &sc[(size_t)h * len];
@@ -326,7 +212,7 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const RopeParams& rp = hp_.is_local(il) ? rope_local_ : rope_global_;
   const float eps = hp_.eps;
 
-  pool.parallel_for(T, [&](int64_t t) { rmsnorm(&x_[t * E], L.attn_norm.data(), &h_[t * E], E, eps); }, INLINE_ROWS);
+  pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
   act_invalidate(act_);
   matmul_group(pool, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
@@ -335,7 +221,10 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
     add_bias(q, L.bq);
     add_bias(k, L.bk);
     add_bias(&v_[t * kvd], L.bv);
-    if (!L.q_norm.empty()) {
+    if (spec_->qk_norm_full) {
+      rmsnorm(q, L.q_norm.data(), q, qd, eps);
+      rmsnorm(k, L.k_norm.data(), k, kvd, eps);
+    } else if (!L.q_norm.empty()) {
       rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
       rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
     }
@@ -349,17 +238,26 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   matmul(pool, L.wo, attn_.data(), T, o_.data(), act_);
 
   pool.parallel_for(T, [&](int64_t t) {
-    float* o = &o_[t * E];
-    if (spec_->post_norms) rmsnorm(o, L.post_attn_norm.data(), o, E, eps);
-    for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
-    rmsnorm(&x_[t * E], L.ffn_norm.data(), &h_[t * E], E, eps);
+    residual_add(&o_[t * E], L.post_attn_norm, &x_[t * E]);
+    block_input(&x_[t * E], L.ffn_norm, &h_[t * E]);
   }, INLINE_ROWS);
   ffn(il, b, pool);
-  pool.parallel_for(T, [&](int64_t t) {
-    float* o = &o_[t * E];
-    if (spec_->post_norms) rmsnorm(o, L.post_ffn_norm.data(), o, E, eps);
-    for (int i = 0; i < E; i++) x_[t * E + i] += o[i];
-  }, INLINE_ROWS);
+  pool.parallel_for(T, [&](int64_t t) { residual_add(&o_[t * E], L.post_ffn_norm, &x_[t * E]); }, INLINE_ROWS);
+}
+
+// A block's input: x RMS-normed by `norm`, or x itself where the architecture has no pre-norms (olmo2).
+void Model::block_input(const float* x, const std::vector<float>& norm, float* h) const {
+  const int E = hp_.n_embd;
+  if (norm.empty()) std::copy(x, x + E, h);
+  else rmsnorm(x, norm.data(), h, E, hp_.eps);
+}
+
+// x += residual_mult · post_norm(o) (the post-norm where the architecture has one).
+void Model::residual_add(float* o, const std::vector<float>& post_norm, float* x) const {
+  const int E = hp_.n_embd;
+  if (!post_norm.empty()) rmsnorm(o, post_norm.data(), o, E, hp_.eps);
+  const float m = hp_.residual_mult;
+  for (int i = 0; i < E; i++) x[i] += m * o[i];
 }
 
 void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
@@ -402,7 +300,7 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
     rope_angles(b.pos[t], rope_global_, &rope_cs_[(size_t)t * hp_.rope_dim]);
     if (hp_.n_swa > 0) rope_angles(b.pos[t], rope_local_, &rope_cs_[(size_t)(T + t) * hp_.rope_dim]);
   }, INLINE_ROWS);
-  const float scale = spec_->embd_scale ? std::sqrt((float)E) : 1.0f;
+  const float scale = hp_.embd_mult;
   pool.parallel_for(T, [&](int64_t t) {
     float* x = &x_[t * E];
     dequantize_row(tok_embd_.type, tok_embd_.row(b.tokens[t]), x, E);
@@ -427,6 +325,13 @@ void Model::project(ThreadPool& pool, const float* hidden, int R, std::vector<fl
   logits.resize((size_t)R * hp_.n_vocab);
   act_invalidate(act_);
   matmul(pool, output_, hidden, R, logits.data(), act_);
+  const float mult = hp_.logit_mult, cap = hp_.final_softcap;
+  if (mult == 1.f && cap == 0.f) return;
+  pool.parallel_for(R, [&](int64_t r) {  // granite's logit scale, gemma2's soft-cap
+    float* l = &logits[r * hp_.n_vocab];
+    for (int i = 0; i < hp_.n_vocab; i++) l[i] *= mult;
+    if (cap > 0.f) softcap(l, hp_.n_vocab, cap);
+  }, INLINE_ROWS);
 }
 
 }  // namespace pyserve

@@ -13,7 +13,10 @@ Sizes: with 32-element quants (or F32/F16/BF16) n_embd 64, head_dim 16 (gemma3: 
 n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with K-quants (256-element blocks)
 n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. Layers: llama/qwen2
 2, smollm3 4 (the 4th position-free), qwen3 and qwen3moe 2 (head_dim 32 / 128: n_head * head_dim != n_embd),
-gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6).
+gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6), gemma2 4
+(layers 0 and 2 local, window 8; soft-caps 50 / 30 as the real files, ``attn_softcap`` / ``final_softcap``
+override), granite 2 (embedding_scale 4, residual_scale 0.5, logit_scale 2, attention.scale 0.1), olmo2 2
+(post-norms only, q/k normed over the whole projection), glm4moe 3 + a NextN block.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
 2 used per token, llama.cpp's tensor names (ffn_gate_inp F32 as its quantizer leaves it, 3-D
@@ -46,7 +49,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma3", "glm4moe")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2")
+GEMMAS = ("gemma2", "gemma3")
 MOE_ARCHS = ("qwen3moe", "glm4moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -271,6 +275,10 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(head_dim=128 if kq else 32, eps=1e-6, rope_base=1000000.0)
     if arch == "gemma3":
         d.update(head_dim=128 if kq else 32, n_layer=6, eps=1e-6, rope_base=1000000.0, sliding_window=8)
+    if arch == "gemma2":  # 4 layers: 0 and 2 local; the real files' soft-caps
+        d.update(n_layer=4, eps=1e-6, sliding_window=8, attn_softcap=50.0, final_softcap=30.0)
+    if arch == "granite":  # Granite 3's multipliers, scaled to this size
+        d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
     return d
 
 
@@ -330,6 +338,18 @@ def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
         w.add_expert_weights_scale(float(moe["scale"]))
 
 
+def _write_multipliers(w: GGUFWriter, arch: str, cfg: dict) -> None:
+    """gemma2's soft-caps, granite's scales: llama.cpp's key names."""
+    if arch == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", float(cfg["attn_softcap"]))
+        w.add_float32(f"{arch}.final_logit_softcapping", float(cfg["final_softcap"]))
+    if arch == "granite":
+        w.add_float32(f"{arch}.embedding_scale", float(cfg["embedding_scale"]))
+        w.add_float32(f"{arch}.residual_scale", float(cfg["residual_scale"]))
+        w.add_float32(f"{arch}.logit_scale", float(cfg["logit_scale"]))
+        w.add_float32(f"{arch}.attention.scale", float(cfg["attention_scale"]))
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
@@ -347,13 +367,13 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:
         biases = arch in ("qwen2", "glm4moe")
-    if biases and arch in ("gemma3", "qwen3", "qwen3moe"):
+    if biases and arch in ("gemma2", "gemma3", "qwen3", "qwen3moe"):
         raise ValueError(f"{arch} has no attention biases")
     for t in _all_qtypes(qtype):
         if t not in ALL_QTYPES:
             raise ValueError(f"unsupported qtype {t}")
     cfg = default_dims(arch, qtype)
-    unknown = set(dims) - set(cfg) - {"sliding_window"}
+    unknown = set(dims) - set(cfg) - {"sliding_window", "attn_softcap", "final_softcap"}
     if unknown:
         raise TypeError(f"unknown dims {unknown}")
     cfg.update(dims)
@@ -380,12 +400,16 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     # sqrt(n_embd); its embedding is made smaller (x starts at rms 3/sqrt(n_embd) as llama's, so the
     # input token does not dominate the residual and the tied logits) and its output_norm larger
     # (sqrt(n_embd): 8 or 16; the real file's output_norm weights are ~26 on average).
-    emb_std = 3.0 / n_embd if arch == "gemma3" else 3.0 / np.sqrt(n_embd)
-    out_norm_scale = float(np.sqrt(n_embd)) if arch == "gemma3" else 1.0
+    emb_std = 3.0 / n_embd if arch in GEMMAS else 3.0 / np.sqrt(n_embd)
+    out_norm_scale = float(np.sqrt(n_embd)) if arch in GEMMAS else 1.0
+    if arch == "granite":  # its embedding multiplier restores the input's scale, output_norm the logits'
+        emb_std /= cfg["embedding_scale"]
+        out_norm_scale = cfg["embedding_scale"] * cfg["logit_scale"]
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
     for il in range(n_layer):
         p = f"blk.{il}."
-        add(p + "attn_norm.weight", norm(n_embd))
+        if arch != "olmo2":
+            add(p + "attn_norm.weight", norm(n_embd))
         add(p + "attn_q.weight", mat(n_head * hd, n_embd), "attn_q")
         add(p + "attn_k.weight", mat(n_head_kv * hd, n_embd), "attn_k")
         add(p + "attn_v.weight", mat(n_head_kv * hd, n_embd), "attn_v")
@@ -396,17 +420,21 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         if arch in ("gemma3", "qwen3", "qwen3moe"):
             add(p + "attn_q_norm.weight", norm(hd))
             add(p + "attn_k_norm.weight", norm(hd))
+        if arch == "olmo2":  # over the whole projection
+            add(p + "attn_q_norm.weight", norm(n_head * hd))
+            add(p + "attn_k_norm.weight", norm(n_head_kv * hd))
         add(p + "attn_output.weight", mat(n_embd, n_head * hd), "attn_output")
-        if arch == "gemma3":
+        if arch in GEMMAS + ("olmo2",):
             add(p + "post_attention_norm.weight", norm(n_embd))
-        add(p + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"), norm(n_embd))
+        if arch != "olmo2":
+            add(p + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"), norm(n_embd))
         if moe_cfg and il >= moe_cfg["dense_lead"]:
             _add_experts(add, rng, p, n_embd, moe_cfg)
         else:
             add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
             add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
             add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
-        if arch == "gemma3":
+        if arch in GEMMAS + ("olmo2",):
             add(p + "post_ffw_norm.weight", norm(n_embd))
     if arch == "glm4moe":  # a NextN (multi-token prediction) block after the model's layers, as GLM files carry
         p = f"blk.{n_layer}."
@@ -434,10 +462,10 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(float(cfg["eps"]))
     w.add_rope_freq_base(float(cfg["rope_base"]))
-    if arch == "gemma3" or hd * n_head != n_embd:
+    if arch in GEMMAS or hd * n_head != n_embd:
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch in ("llama", "smollm3"):
+    if arch in ("llama", "smollm3", "granite"):
         w.add_rope_dimension_count(hd)
         w.add_vocab_size(n_vocab)
     if arch == "glm4moe":
@@ -445,8 +473,9 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_nextn_predict_layers(1)
     if moe_cfg:
         _write_moe_keys(w, moe_cfg)
-    if arch == "gemma3" and cfg.get("sliding_window"):
+    if arch in GEMMAS and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
+    _write_multipliers(w, arch, cfg)
     if isinstance(qtype, str) and qtype in FILE_TYPES:
         w.add_file_type(FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -56,10 +56,13 @@ from gguf.quants import dequantize
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma3", "glm4moe")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2")
+ROPE_NORM_ARCHS = ("llama", "smollm3", "granite")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
 GEMMA3_SWA_PATTERN = 6          # llama.cpp: hparams.set_swa_pattern(6)
+GEMMA2_SWA_PATTERN = 2          # llama.cpp: load_swa_pattern(ml, 2): layers 0, 2, 4, ... local
+GEMMA2_SWA_WINDOW = 4096
 GEMMA3_SWA_ROPE_BASE = 10000.0  # llama.cpp: rope_freq_base_train_swa
 
 
@@ -97,6 +100,14 @@ class HParams:
     layer_rope_scale: list[float] = field(default_factory=list)
     layer_roped: list[bool] = field(default_factory=list)  # False: a position-free (NoPE) layer
     final_logit_softcap: float = 0.0
+    attn_softcap: float = 0.0       # attention scores -> c * tanh(s / c) (gemma2)
+    embd_mult: float = 1.0          # embeddings x this (gemma: sqrt(n_embd); granite: embedding_scale)
+    residual_mult: float = 1.0      # each block's output x this before the residual add (granite)
+    logit_mult: float = 1.0         # logits x this (granite: 1 / logit_scale)
+    gelu: bool = False              # GELU(tanh)-gated FFN (gemma) instead of SiLU
+    pre_norms: bool = True          # rmsnorm before attention and the FFN (olmo2: none)
+    post_norms: bool = False        # rmsnorm after attention and the FFN (gemma, olmo2)
+    rope_freqs: bool = True         # rope_freqs.weight factors apply (not gemma's)
     moe: "MoeHParams | None" = None
     extra: dict = field(default_factory=dict)
 
@@ -150,7 +161,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
     n_head_kv = int(n_head_kv_raw[0] if isinstance(n_head_kv_raw, (list, tuple)) else n_head_kv_raw)
     head_dim_k = int(key("attention.key_length", n_embd // n_head))
     head_dim_v = int(key("attention.value_length", n_embd // n_head))
-    eps = float(key("attention.layer_norm_rms_epsilon", 1e-5 if arch != "gemma3" else 1e-6))
+    eps = float(key("attention.layer_norm_rms_epsilon", 1e-5 if arch not in ("gemma2", "gemma3") else 1e-6))
     n_rot = int(key("rope.dimension_count", head_dim_k))
     rope_base = float(key("rope.freq_base", 10000.0))
 
@@ -173,7 +184,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp = HParams(
         arch=arch, n_vocab=0, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
         n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, eps=eps,
-        rope_type=ROPE_NORM if arch in ("llama", "smollm3") else ROPE_NEOX, n_rot=n_rot, rope_base=rope_base,
+        rope_type=ROPE_NORM if arch in ROPE_NORM_ARCHS else ROPE_NEOX, n_rot=n_rot, rope_base=rope_base,
         rope_freq_scale=rope_freq_scale, attn_scale=1.0 / math.sqrt(head_dim_k), moe=_read_moe(key),
     )
     f_attn_scale = key("attention.scale", None)
@@ -185,7 +196,13 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp.layer_rope_scale = [rope_freq_scale] * n_layer
     hp.layer_roped = [arch != "smollm3" or (il + 1) % SMOLLM3_NO_ROPE_STEP != 0 for il in range(n_layer)]
 
+    _read_multipliers(hp, key)
+    if arch == "gemma2":
+        _read_gemma2(hp, key)
+    if arch == "olmo2":
+        hp.pre_norms, hp.post_norms = False, True
     if arch == "gemma3":
+        hp.embd_mult, hp.gelu, hp.post_norms, hp.rope_freqs = math.sqrt(n_embd), True, True, False
         n_swa = key("attention.sliding_window", None)
         if n_swa is not None and int(n_swa) > 0:
             pattern = int(key("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN) or GEMMA3_SWA_PATTERN)
@@ -201,6 +218,30 @@ def read_hparams(reader: GGUFReader) -> HParams:
         if n_layer == 62:
             hp.attn_scale = 1.0 / math.sqrt(n_embd / n_head)
     return hp
+
+
+def _read_multipliers(hp: HParams, key) -> None:
+    """Granite's embedding / residual / logit scales, read for any arch (llama.cpp applies a file's
+    embedding_scale whatever the arch)."""
+    hp.embd_mult = float(key("embedding_scale", 1.0))
+    hp.residual_mult = float(key("residual_scale", 1.0))
+    hp.logit_mult = 1.0 / float(key("logit_scale", 1.0))
+
+
+def _read_gemma2(hp: HParams, key) -> None:
+    """Gemma 2 (src/models/gemma2.cpp): embeddings x sqrt(n_embd), GELU, post-norms, even layers local
+    (window 4096 unless given, the global RoPE base unless rope.freq_base_swa), attention scores soft-capped
+    at 50 and logits at 30 unless the file says."""
+    hp.embd_mult, hp.gelu, hp.post_norms, hp.rope_freqs = math.sqrt(hp.n_embd), True, True, False
+    n_swa = int(key("attention.sliding_window", GEMMA2_SWA_WINDOW))
+    pattern = int(key("attention.sliding_window_pattern", GEMMA2_SWA_PATTERN))
+    local_base = float(key("rope.freq_base_swa", hp.rope_base))
+    for il in range(hp.n_layer):
+        if n_swa > 0 and pattern > 0 and (il + 1) % pattern != 0:
+            hp.layer_swa[il] = n_swa
+            hp.layer_rope_base[il] = local_base
+    hp.attn_softcap = float(key("attn_logit_softcapping", 50.0))
+    hp.final_logit_softcap = float(key("final_logit_softcapping", 30.0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,9 +436,10 @@ def attention_mask(n_tokens: int, n_swa: int | None) -> np.ndarray:
     return m
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+              softcap: float = 0.0) -> np.ndarray:
     """q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] -> [T, H*Dv]; query head h uses kv head
-    h // (H / Hkv) (GQA, as ggml's broadcast)."""
+    h // (H / Hkv) (GQA, as ggml's broadcast); scores soft-capped at +-softcap when given."""
     T, H, _ = q.shape
     Hkv, Dv = k.shape[1], v.shape[2]
     group = H // Hkv
@@ -405,6 +447,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     for h in range(H):
         g = h // group
         s = (q[:, h, :] @ k[:, g, :].T) * scale       # [T, T]
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
         s = np.where(mask, s, -np.inf)
         s = s - s.max(axis=-1, keepdims=True)
         p = np.exp(s)
@@ -565,7 +609,6 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
     if len(rows_idx) and (rows_idx.min() < 0 or rows_idx.max() >= T):
         raise ValueError("row out of range")
     pos = np.arange(T)
-    is_gemma = hp.arch == "gemma3"
 
     def tr(name: str, val: np.ndarray) -> None:
         if trace is not None:
@@ -587,13 +630,14 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         h = qact(h, name + ".weight")
         return linear(h, m.weight(name + ".weight"), m.weight(name + ".bias", optional=True))
 
-    x = m.embedding_rows(toks).astype(dtype)
-    if is_gemma:
-        x = x * math.sqrt(hp.n_embd)
+    x = m.embedding_rows(toks).astype(dtype) * hp.embd_mult
     tr("inp", x)
 
-    act_fn = gelu_tanh if is_gemma else silu
-    if "gelu" in emu and is_gemma:
+    def norm(h: np.ndarray, name: str) -> np.ndarray:
+        return rms_norm(h, m.weight(name), hp.eps) if m.has(name) else h
+
+    act_fn = gelu_tanh if hp.gelu else silu
+    if "gelu" in emu and hp.gelu:
         act_fn = lambda z: _f16(gelu_tanh(_f16(z)))  # noqa: E731  (ggml's f16 GELU table)
 
     rope_factors = m.weight("rope_freqs.weight", optional=True)
@@ -602,16 +646,17 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         w = lambda n: m.weight(p + n)                      # noqa: E731
 
         # ---- attention ----
-        h = rms_norm(x, w("attn_norm.weight"), hp.eps)
+        h = norm(x, p + "attn_norm.weight") if hp.pre_norms else x
         tr(f"l{il}.attn_norm", h)
-        q = mm(h, p + "attn_q").reshape(T, hp.n_head, hp.head_dim_k)
-        k = mm(h, p + "attn_k").reshape(T, hp.n_head_kv, hp.head_dim_k)
+        q, k = mm(h, p + "attn_q"), mm(h, p + "attn_k")
+        if hp.arch == "olmo2":  # q and k normed over the whole projection, before the heads split
+            q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
+        q = q.reshape(T, hp.n_head, hp.head_dim_k)
+        k = k.reshape(T, hp.n_head_kv, hp.head_dim_k)
         v = mm(h, p + "attn_v").reshape(T, hp.n_head_kv, hp.head_dim_v)
-        if m.has(p + "attn_q_norm.weight"):
-            q = rms_norm(q, w("attn_q_norm.weight"), hp.eps)
-        if m.has(p + "attn_k_norm.weight"):
-            k = rms_norm(k, w("attn_k_norm.weight"), hp.eps)
-        ff = rope_factors if not is_gemma else None
+        if hp.arch != "olmo2":
+            q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
+        ff = rope_factors if hp.rope_freqs else None
         if hp.layer_roped[il]:
             q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
             k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
@@ -622,16 +667,16 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
             q, k, v = _f16(q * hp.attn_scale) / hp.attn_scale, _f16(k), _f16(v)
         elif "kv16" in emu:
             k, v = _f16(k), _f16(v)
-        a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale)
+        a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale, hp.attn_softcap)
         tr(f"l{il}.attn_out", a)
         o = mm(a, p + "attn_output")
-        if is_gemma:
+        if hp.post_norms:
             o = rms_norm(o, w("post_attention_norm.weight"), hp.eps)
-        x = x + o
+        x = x + hp.residual_mult * o
         tr(f"l{il}.attn_resid", x)
 
         # ---- feed-forward ----
-        f = rms_norm(x, w("post_attention_norm.weight" if hp.arch == "glm4moe" else "ffn_norm.weight"), hp.eps)
+        f = norm(x, p + ("post_attention_norm" if hp.arch == "glm4moe" else "ffn_norm") + ".weight") if hp.pre_norms else x
         if hp.moe is not None and hp.moe.layer(il):
             margins = [] if trace is not None else None
             f = moe_ffn(m, hp.moe, p, f, qact, margins)
@@ -639,9 +684,9 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
                 tr(f"l{il}.route_margin", margins[0])
         else:
             f = mm(act_fn(mm(f, p + "ffn_gate")) * mm(f, p + "ffn_up"), p + "ffn_down")
-        if is_gemma:
+        if hp.post_norms:
             f = rms_norm(f, w("post_ffw_norm.weight"), hp.eps)
-        x = x + f
+        x = x + hp.residual_mult * f
         tr(f"l{il}.out", x)
 
     x = rms_norm(x[rows_idx], m.weight("output_norm.weight"), hp.eps)
@@ -656,6 +701,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
     chunk = 32768
     for s in range(0, hp.n_vocab, chunk):
         out[:, s:s + chunk] = x @ W[s:s + chunk].T.astype(x.dtype)
+    out *= hp.logit_mult
     if hp.final_logit_softcap:
         c = hp.final_logit_softcap
         out = np.tanh(out / c) * c

@@ -80,6 +80,12 @@ CASES += [
     pytest.param("llama", "Q8_0", {"moe": {"n_expert": 4}}, id="llama-Q8_0-mixtral"),
     pytest.param("glm4moe", "F32", {"moe": {"n_expert": 16, "n_used": 4}, "n_layer": 4}, id="glm4moe-F32-16experts"),
     pytest.param("glm4moe", "Q4_K", {"biases": False}, id="glm4moe-Q4_K-nobias"),
+    # soft-caps that bite (the real files' 50 / 30 hardly touch a random model's scores), multipliers, norms
+    pytest.param("gemma2", "F32", {"attn_softcap": 1.5, "final_softcap": 2.0}, id="gemma2-F32-softcaps-that-bite"),
+    pytest.param("gemma2", "Q8_0", {"sliding_window": 3, "n_layer": 5}, id="gemma2-Q8_0-window3-5layers"),
+    pytest.param("granite", "Q8_0", {"tied": False, "residual_scale": 0.2, "logit_scale": 0.5},
+                 id="granite-Q8_0-untied-rescaled"),
+    pytest.param("olmo2", "F32", {"eps": 0.05}, id="olmo2-F32-eps0.05"),
 ]
 
 

@@ -1,0 +1,206 @@
+#include "hparams.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pyserve {
+
+namespace {
+
+// ---- the architectures, each as what it changes of its parent (llama.cpp: src/models/<arch>.cpp) ----
+
+ArchSpec based(ArchSpec parent, const char* name) {
+  parent.name = name;
+  return parent;
+}
+
+ArchSpec qwen2() {  // q/k/v biases (loaded where the file has them), NeoX RoPE
+  ArchSpec s = based(ArchSpec{}, "qwen2");
+  s.neox_rope = true;
+  return s;
+}
+
+ArchSpec qwen3() {  // qwen2 without biases, q/k RMS-normed per head before RoPE
+  ArchSpec s = based(qwen2(), "qwen3");
+  s.qk_norm = true;
+  return s;
+}
+
+ArchSpec smollm3() {  // llama with every 4th layer position-free
+  ArchSpec s = based(ArchSpec{}, "smollm3");
+  s.no_rope_step = 4;
+  return s;
+}
+
+ArchSpec gemma2() {  // embeddings × sqrt(n_embd), GELU, post-norms, local/global alternation, soft-capping
+  ArchSpec s = based(qwen2(), "gemma2");
+  s.gelu = s.embd_scale = s.post_norms = s.sliding_window = true;
+  s.swa_pattern = 2;
+  s.swa_window = 4096;
+  s.attn_softcap = 50.f;
+  s.final_softcap = 30.f;
+  return s;
+}
+
+ArchSpec gemma3() {  // gemma2 with q/k norms, a 5:1 pattern, local RoPE base 10000 and no soft-capping
+  ArchSpec s = based(gemma2(), "gemma3");
+  s.qk_norm = true;
+  s.swa_pattern = 6;
+  s.swa_window = 0;
+  s.swa_rope_base = 10000.f;
+  s.attn_softcap = s.final_softcap = 0.f;
+  return s;
+}
+
+ArchSpec olmo2() {  // no pre-norms: post-norms only; q and k normed over the whole projection
+  ArchSpec s = based(qwen2(), "olmo2");
+  s.pre_norms = false;
+  s.post_norms = s.qk_norm = s.qk_norm_full = true;
+  return s;
+}
+
+ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN's norm named post_attention_norm
+  ArchSpec s = based(qwen2(), "glm4moe");
+  s.ffn_norm = "post_attention_norm";
+  return s;
+}
+
+const std::vector<ArchSpec>& archs() {
+  static const std::vector<ArchSpec> all = {
+      gemma2(), gemma3(), glm4moe(), based(ArchSpec{}, "granite"), ArchSpec{}, olmo2(), qwen2(), qwen3(),
+      based(qwen3(), "qwen3moe"), smollm3()};
+  return all;
+}
+
+// ---- reading the metadata ----
+
+constexpr int64_t MAX_DIM = 1 << 20, MAX_HEADS = 1 << 12;
+
+// Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
+// around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
+// cache before any tensor is looked at, so it is bounded by the tensor count: >= 9 tensors a layer).
+int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, const int64_t* def) {
+  int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
+  if (v < lo || v > hi)
+    f.fail("metadata key '" + key + "' is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
+           std::to_string(hi) + "]");
+  return (int)v;
+}
+
+// The MoE keys (llama.cpp's names) of a file with `<arch>.expert_count` > 0. A Mixtral-style file has no
+// expert width of its own: its experts are feed_forward_length wide.
+MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec, int n_ff, int n_layer) {
+  MoeParams m;
+  const int64_t zero = 0, softmax = (int64_t)Gating::Softmax, norm = spec.moe_norm, ff = n_ff;
+  m.n_expert = ranged(f, a + "expert_count", 0, 1 << 12, &zero);
+  if (m.n_expert == 0) return m;
+  m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
+  m.n_ff = ranged(f, a + "expert_feed_forward_length", 1, MAX_DIM, n_ff > 0 ? &ff : nullptr);
+  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &zero), ff_exp = m.n_ff;
+  m.n_ff_shared = (int)n_shared * ranged(f, a + "expert_shared_feed_forward_length", 1, MAX_DIM, &ff_exp);
+  m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
+  m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &softmax);
+  m.norm_weights = ranged(f, a + "expert_weights_norm", 0, 1, &norm) != 0;
+  const double scale = f.get_float(a + "expert_weights_scale", 1.0);
+  m.weights_scale = scale == 0.0 ? 1.0f : (float)scale;  // llama.cpp: 0 means unscaled
+  return m;
+}
+
+// Widths, layer count (less the NextN / MTP layers that close the block list: the forward stops before
+// them) and the FFN (an all-MoE model may have no dense width).
+void read_shape(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HParams& hp) {
+  const int64_t no_ff = 0, no_mtp = 0;
+  hp.n_embd = ranged(f, a + "embedding_length", 1, MAX_DIM, nullptr);
+  hp.n_layer = ranged(f, a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 9), nullptr);
+  hp.n_layer -= ranged(f, a + "nextn_predict_layers", 0, hp.n_layer - 1, &no_mtp);
+  const bool moe = f.get_int(a + "expert_count", 0) > 0;
+  hp.n_ff = ranged(f, a + "feed_forward_length", moe ? 0 : 1, MAX_DIM, moe ? &no_ff : nullptr);
+  hp.moe = read_moe(f, a, spec, hp.n_ff, hp.n_layer);
+  if (hp.moe.n_dense_lead > 0 && hp.n_ff == 0) f.fail("missing metadata key '" + a + "feed_forward_length'");
+  const int64_t ctx_def = 4096;
+  hp.n_ctx_train = ranged(f, a + "context_length", 1, 1 << 24, &ctx_def);
+  const GGUFTensor* emb = f.find("token_embd.weight");
+  if (!emb) f.fail("missing tensor 'token_embd.weight'");
+  hp.n_vocab = (int)emb->ne[1];
+}
+
+void read_attention(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HParams& hp) {
+  hp.n_head = ranged(f, a + "attention.head_count", 1, MAX_HEADS, nullptr);
+  const int64_t n_head = hp.n_head;
+  hp.n_head_kv = ranged(f, a + "attention.head_count_kv", 1, MAX_HEADS, &n_head);
+  if (hp.n_head % hp.n_head_kv || hp.n_head / hp.n_head_kv > 64)
+    f.fail("inconsistent hyper-parameters (embedding_length, block_count, head counts, feed_forward_length)");
+  const int64_t hd_def = hp.n_embd / hp.n_head;
+  hp.head_dim = ranged(f, a + "attention.key_length", 1, 4096, &hd_def);
+  const int64_t hdv_def = hp.head_dim;
+  hp.head_dim_v = ranged(f, a + "attention.value_length", 1, 4096, &hdv_def);
+  if (hp.head_dim_v != hp.head_dim || hp.head_dim % 2)
+    f.fail("unsupported head dimensions (key_length " + std::to_string(hp.head_dim) + ", value_length " +
+           std::to_string(hp.head_dim_v) + ")");
+  hp.eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
+  const double scale = f.get_float(a + "attention.scale", 0.0);
+  hp.attn_scale = scale != 0.0 ? (float)scale : 1.0f / std::sqrt((float)hp.head_dim);
+  hp.attn_softcap = (float)f.get_float(a + "attn_logit_softcapping", spec.attn_softcap);
+  if (spec.sliding_window) {
+    const int64_t swa_def = spec.swa_window, pattern_def = spec.swa_pattern;
+    hp.n_swa = ranged(f, a + "attention.sliding_window", 0, 1 << 24, &swa_def);
+    hp.swa_pattern = ranged(f, a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
+  }
+}
+
+void read_rope(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HParams& hp) {
+  hp.rope_base = (float)f.get_float(a + "rope.freq_base", 10000.0);
+  const double local = spec.swa_rope_base > 0.f ? spec.swa_rope_base : hp.rope_base;
+  hp.rope_base_local = (float)f.get_float(a + "rope.freq_base_swa", local);
+  const int64_t rope_def = hp.head_dim;
+  hp.rope_dim = ranged(f, a + "rope.dimension_count", 1, hp.head_dim, &rope_def);
+  if (hp.rope_dim <= 0 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2) f.fail("bad rope.dimension_count");
+  std::string scaling = f.get_str(a + "rope.scaling.type", "none");
+  if (scaling == "linear") hp.rope_freq_scale = 1.0f / (float)f.get_float(a + "rope.scaling.factor", 1.0);
+  else if (scaling != "none") f.fail("unsupported rope.scaling.type '" + scaling + "'");
+  hp.no_rope_step = spec.no_rope_step;
+}
+
+// Multipliers: gemma's sqrt(n_embd) on the embeddings; granite's embedding / residual / logit scales (read
+// for every architecture: a file that has them means them); the final soft-cap.
+void read_multipliers(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HParams& hp) {
+  const double embd = spec.embd_scale ? std::sqrt((double)hp.n_embd) : 1.0;
+  hp.embd_mult = (float)f.get_float(a + "embedding_scale", embd);
+  hp.residual_mult = (float)f.get_float(a + "residual_scale", 1.0);
+  const double logit_scale = f.get_float(a + "logit_scale", 1.0);
+  if (logit_scale == 0.0) f.fail("metadata key '" + a + "logit_scale' is 0");
+  hp.logit_mult = (float)(1.0 / logit_scale);
+  // gemma3's sliding-window graph ignores the key (llama.cpp soft-caps only its non-iSWA graph)
+  if (spec.final_softcap > 0.f || hp.n_swa == 0)
+    hp.final_softcap = (float)f.get_float(a + "final_logit_softcapping", spec.final_softcap);
+}
+
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> names;
+  for (const ArchSpec& a : archs()) names.push_back(a.name);
+  return names;
+}
+
+const ArchSpec& arch_spec(const std::string& arch) {
+  for (const ArchSpec& a : archs())
+    if (arch == a.name) return a;
+  std::string list;
+  for (const std::string& n : supported_architectures()) list += (list.empty() ? "" : ", ") + n;
+  throw ModelError("unsupported architecture '" + printable(arch) + "' (supported: " + list + ")");
+}
+
+HParams read_hparams(const GGUFFile& f) {
+  HParams hp;
+  hp.arch = f.get_str("general.architecture");
+  const ArchSpec& spec = arch_spec(hp.arch);
+  const std::string a = hp.arch + ".";
+  read_shape(f, a, spec, hp);
+  read_attention(f, a, spec, hp);
+  read_rope(f, a, spec, hp);
+  read_multipliers(f, a, spec, hp);
+  return hp;
+}
+
+}  // namespace pyserve

@@ -1,0 +1,85 @@
+// hparams: what an architecture does differently in the one layer graph (ArchSpec), and a file's
+// hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
+//
+// Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
+// TinyLlama), olmo2, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file with
+// `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gguf.h"
+#include "moe.h"
+
+namespace pyserve {
+
+class ModelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Each architecture is llama's spec with what it changes (hparams.cpp states each as a diff of its parent).
+struct ArchSpec {
+  const char* name = "llama";
+  bool neox_rope = false;       // RoPE pairs (i, i+d/2) rather than (2i, 2i+1)
+  bool gelu = false;            // GELU-tanh gate (gemma) rather than SiLU
+  bool embd_scale = false;      // multiply embeddings by sqrt(n_embd)
+  bool qk_norm = false;         // q and k RMS-normed (required; any arch uses them where the file has them)
+  bool qk_norm_full = false;    // ... over the whole projection (olmo2) rather than per head
+  bool pre_norms = true;        // RMS norm before attention and before the FFN (olmo2: none)
+  bool post_norms = false;      // RMS norm after attention and after the FFN, before the residual add
+  bool sliding_window = false;  // local layers attend to the last n_swa positions
+  int swa_pattern = 0;          // every swa_pattern-th layer is global unless the file says (gemma3: 6, gemma2: 2)
+  int swa_window = 0;           // the window when the file gives none (gemma2: 4096)
+  float swa_rope_base = 0.f;    // local layers' RoPE base unless the file says (0: the global one; gemma3: 10000)
+  float attn_softcap = 0.f;     // scores → c·tanh(s / c) unless the file says (gemma2: 50; 0 = none)
+  float final_softcap = 0.f;    // logits → c·tanh(l / c) unless the file says (gemma2: 30)
+  int no_rope_step = 0;         // > 0: every no_rope_step-th layer applies no RoPE (smollm3: 4, llama.cpp's constant)
+  bool moe_norm = true;         // MoE: renormalise the chosen experts' weights unless the file says
+  const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
+};
+// The spec of `arch`, or throws ModelError listing the supported architectures.
+const ArchSpec& arch_spec(const std::string& arch);
+std::vector<std::string> supported_architectures();
+
+struct HParams {
+  std::string arch;
+  int n_vocab = 0;
+  int n_embd = 0;        // model width
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;      // key/query width per head
+  int head_dim_v = 0;    // value width per head
+  int n_ff = 0;          // FFN inner width
+  int n_ctx_train = 0;   // context length the model was trained for
+  float eps = 1e-6f;     // RMS norm epsilon
+  float rope_base = 10000.f, rope_base_local = 10000.f, rope_freq_scale = 1.f;
+  int rope_dim = 0;
+  int n_swa = 0;         // sliding window (tokens), 0 = none
+  int swa_pattern = 0;   // every swa_pattern-th layer is global (gemma3: 6)
+  int no_rope_step = 0;  // every no_rope_step-th layer is position-free (NoPE), 0 = none
+  float attn_scale = 0.f;     // multiplies q·k (attention.scale, else 1/sqrt(head_dim))
+  float attn_softcap = 0.f;   // attention scores soft-capped at ±c (0 = none)
+  float final_softcap = 0.f;  // logits soft-capped at ±c (0 = none)
+  float embd_mult = 1.f;      // multiplies the embeddings (gemma: sqrt(n_embd); granite: embedding_scale)
+  float residual_mult = 1.f;  // multiplies each block's output before the residual add (granite)
+  float logit_mult = 1.f;     // multiplies the logits (granite: 1 / logit_scale)
+  MoeParams moe;              // n_expert == 0: every layer dense
+  int kv_dim() const { return n_head_kv * head_dim; }
+  bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
+  bool roped(int layer) const { return no_rope_step <= 0 || (layer + 1) % no_rope_step != 0; }
+  // The FFN inner width a token runs through in layer il: the dense width, or its experts' and the shared.
+  int64_t active_ff(int layer) const {
+    return moe.moe_layer(layer) ? (int64_t)moe.n_used * moe.n_ff + moe.n_ff_shared : n_ff;
+  }
+};
+
+// The hyper-parameters of an open file's model, from its metadata and tensor table alone (no weights read:
+// cheap enough for listing a model before it loads). Throws ModelError for an unsupported architecture,
+// GGUFError (file, key) for a missing or out-of-range value.
+HParams read_hparams(const GGUFFile& f);
+
+}  // namespace pyserve
