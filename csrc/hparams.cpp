@@ -59,6 +59,10 @@ ArchSpec olmo2() {  // no pre-norms: post-norms only; q and k normed over the wh
   return s;
 }
 
+ArchSpec mistral3() {  // llama with YaRN and the attention temperature (both from the file)
+  return based(ArchSpec{}, "mistral3");
+}
+
 ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN's norm named post_attention_norm
   ArchSpec s = based(qwen2(), "glm4moe");
   s.ffn_norm = "post_attention_norm";
@@ -67,7 +71,7 @@ ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN
 
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
-      gemma2(), gemma3(), glm4moe(), based(ArchSpec{}, "granite"), ArchSpec{}, olmo2(), qwen2(), qwen3(),
+      gemma2(), gemma3(), glm4moe(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), qwen2(), qwen3(),
       based(qwen3(), "qwen3moe"), smollm3()};
   return all;
 }
@@ -141,11 +145,39 @@ void read_attention(const GGUFFile& f, const std::string& a, const ArchSpec& spe
   const double scale = f.get_float(a + "attention.scale", 0.0);
   hp.attn_scale = scale != 0.0 ? (float)scale : 1.0f / std::sqrt((float)hp.head_dim);
   hp.attn_softcap = (float)f.get_float(a + "attn_logit_softcapping", spec.attn_softcap);
+  hp.attn_temp_scale = (float)f.get_float(a + "attention.temperature_scale", 0.0);
   if (spec.sliding_window) {
     const int64_t swa_def = spec.swa_window, pattern_def = spec.swa_pattern;
     hp.n_swa = ranged(f, a + "attention.sliding_window", 0, 1 << 24, &swa_def);
     hp.swa_pattern = ranged(f, a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
   }
+}
+
+// rope.scaling.* as llama.cpp's context turns them into rope_ext's parameters (llama-context.cpp): linear
+// interpolation (or the older rope.scale_linear), YaRN (the ramp from the original context and the betas; its
+// magnitude: 1 + 0.1·ln(factor), over 1 + 0.1·L·ln(factor) with yarn_log_multiplier L), LongRoPE (factors
+// from tensors, the magnitude from rope.scaling.attn_factor).
+RopeScaling read_rope_scaling(const GGUFFile& f, const std::string& a, int n_ctx_train) {
+  RopeScaling s;
+  const double legacy = f.get_float(a + "rope.scale_linear", 0.0);
+  const std::string type = f.get_str(a + "rope.scaling.type", legacy > 0 ? "linear" : "none");
+  if (type != "none" && type != "linear" && type != "yarn" && type != "longrope")
+    f.fail("unsupported rope.scaling.type '" + printable(type) + "' (supported: none, linear, yarn, longrope)");
+  const double factor = f.get_float(a + "rope.scaling.factor", legacy > 0 ? legacy : 1.0);
+  if (!(factor > 0)) f.fail("metadata key '" + a + "rope.scaling.factor' is not positive");
+  s.freq_scale = type == "linear" || type == "yarn" ? 1.0 / factor : 1.0;
+  s.attn_factor = f.get_float(a + "rope.scaling.attn_factor", 1.0);
+  const int64_t ctx = n_ctx_train;
+  s.n_ctx_orig = ranged(f, a + "rope.scaling.original_context_length", 1, 1 << 24, &ctx);
+  if (type != "yarn") return s;
+  s.ext_factor = 1.0;
+  s.beta_fast = f.get_float(a + "rope.scaling.yarn_beta_fast", 32.0);
+  s.beta_slow = f.get_float(a + "rope.scaling.yarn_beta_slow", 1.0);
+  auto mscale = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  const double log_mul = f.get_float(a + "rope.scaling.yarn_log_multiplier", 0.0);
+  const double a_yarn = log_mul != 0.0 ? mscale(1.0) / mscale(log_mul) : mscale(1.0);
+  s.attn_factor *= a_yarn / (1.0 + 0.1 * std::log(factor));  // make_rope multiplies that back in
+  return s;
 }
 
 void read_rope(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HParams& hp) {
@@ -155,9 +187,8 @@ void read_rope(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HP
   const int64_t rope_def = hp.head_dim;
   hp.rope_dim = ranged(f, a + "rope.dimension_count", 1, hp.head_dim, &rope_def);
   if (hp.rope_dim <= 0 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2) f.fail("bad rope.dimension_count");
-  std::string scaling = f.get_str(a + "rope.scaling.type", "none");
-  if (scaling == "linear") hp.rope_freq_scale = 1.0f / (float)f.get_float(a + "rope.scaling.factor", 1.0);
-  else if (scaling != "none") f.fail("unsupported rope.scaling.type '" + scaling + "'");
+  hp.rope_scaling = read_rope_scaling(f, a, hp.n_ctx_train);
+  hp.attn_temp_floor = hp.rope_scaling.n_ctx_orig;  // llama.cpp: the floor scale is the original context
   hp.no_rope_step = spec.no_rope_step;
 }
 

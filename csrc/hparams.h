@@ -2,10 +2,12 @@
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
 // Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
-// TinyLlama), olmo2, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file with
-// `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN.
+// TinyLlama), mistral3, olmo2, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
+// with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
+// it (linear, YaRN, LongRoPE factors), for any of them.
 #pragma once
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,7 +58,8 @@ struct HParams {
   int n_ff = 0;          // FFN inner width
   int n_ctx_train = 0;   // context length the model was trained for
   float eps = 1e-6f;     // RMS norm epsilon
-  float rope_base = 10000.f, rope_base_local = 10000.f, rope_freq_scale = 1.f;
+  float rope_base = 10000.f, rope_base_local = 10000.f;
+  RopeScaling rope_scaling;  // the global layers' (local layers are never stretched)
   int rope_dim = 0;
   int n_swa = 0;         // sliding window (tokens), 0 = none
   int swa_pattern = 0;   // every swa_pattern-th layer is global (gemma3: 6)
@@ -67,8 +70,13 @@ struct HParams {
   float embd_mult = 1.f;      // multiplies the embeddings (gemma: sqrt(n_embd); granite: embedding_scale)
   float residual_mult = 1.f;  // multiplies each block's output before the residual add (granite)
   float logit_mult = 1.f;     // multiplies the logits (granite: 1 / logit_scale)
+  float attn_temp_scale = 0.f;  // q × 1 + s·ln(⌊pos / attn_temp_floor⌋ + 1) (mistral3, llama4); 0 = none
+  int attn_temp_floor = 0;
   MoeParams moe;              // n_expert == 0: every layer dense
   int kv_dim() const { return n_head_kv * head_dim; }
+  float attn_temperature(int pos) const {
+    return attn_temp_scale == 0.f ? 1.f : 1.f + attn_temp_scale * std::log(std::floor((float)pos / attn_temp_floor) + 1.f);
+  }
   bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
   bool roped(int layer) const { return no_rope_step <= 0 || (layer + 1) % no_rope_step != 0; }
   // The FFN inner width a token runs through in layer il: the dense width, or its experts' and the shared.

@@ -119,8 +119,8 @@ void Model::load_weights() {
   }
   std::vector<float> factors = vec("rope_freqs.weight", hp_.rope_dim / 2, true);
   const float* ff = factors.empty() ? nullptr : factors.data();
-  rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_freq_scale, ff);
-  rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, 1.0f, ff);
+  rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_scaling, ff);
+  rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, RopeScaling{}, ff);
 }
 
 // llama.cpp's tensor names: ffn_gate_inp (the router), ffn_{gate,up,down}_exps, exp_probs_b (the choosing
@@ -228,10 +228,14 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
       rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
     }
-    if (!hp_.roped(il)) return;
-    const float* cs = &rope_cs_[((size_t)hp_.is_local(il) * T + t) * hp_.rope_dim];
-    rope(q, hp_.n_head, cs, rp);
-    rope(k, hp_.n_head_kv, cs, rp);
+    if (hp_.roped(il)) {
+      const float* cs = &rope_cs_[((size_t)hp_.is_local(il) * T + t) * hp_.rope_dim];
+      rope(q, hp_.n_head, cs, rp);
+      rope(k, hp_.n_head_kv, cs, rp);
+    }
+    const float temp = hp_.attn_temperature(b.pos[t]);  // mistral3: long positions attend more sharply
+    if (temp != 1.f)
+      for (int i = 0; i < qd; i++) q[i] *= temp;
   }, INLINE_ROWS);
   attention(il, b, kv, pool);
   act_invalidate(act_);

@@ -117,24 +117,46 @@ float exp_shift_sum(float* x, int64_t n, float mx) {
   return sum;
 }
 
-RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, float freq_scale, const float* factors) {
+namespace {
+
+// YaRN's ramp (ggml's rope_yarn_corr_dims / rope_yarn_ramp): the pair at which a frequency turns `turns`
+// times over n_ctx_orig positions, and the blend of pair i between interpolated (0) and unscaled (1).
+double yarn_corr_pair(int rope_dim, int n_ctx_orig, double turns, double base) {
+  return rope_dim * std::log(n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(base));
+}
+
+double yarn_ramp(const RopeScaling& s, int rope_dim, double base, int i) {
+  if (s.ext_factor == 0.0) return 0.0;
+  const double lo = std::max(0.0, std::floor(yarn_corr_pair(rope_dim, s.n_ctx_orig, s.beta_fast, base)));
+  const double hi = std::min(rope_dim - 1.0, std::ceil(yarn_corr_pair(rope_dim, s.n_ctx_orig, s.beta_slow, base)));
+  const double y = (i - lo) / std::max(0.001, hi - lo);
+  return (1.0 - std::min(1.0, std::max(0.0, y))) * s.ext_factor;
+}
+
+}  // namespace
+
+RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, const RopeScaling& s, const float* factors) {
   RopeParams p;
   p.head_dim = head_dim;
   p.rope_dim = rope_dim;
   p.neox = neox;
   p.inv_freq.resize(rope_dim / 2);
   for (int i = 0; i < rope_dim / 2; i++) {
-    double f = (double)freq_scale * std::pow((double)base, -2.0 * i / rope_dim);
-    p.inv_freq[i] = factors ? f / factors[i] : f;
+    double f = std::pow((double)base, -2.0 * i / rope_dim);
+    if (factors) f /= factors[i];
+    const double ramp = yarn_ramp(s, rope_dim, base, i);
+    p.inv_freq[i] = f * (s.freq_scale * (1.0 - ramp) + ramp);
   }
+  const double yarn_mag = s.ext_factor != 0.0 ? 1.0 + 0.1 * std::log(1.0 / s.freq_scale) : 1.0;
+  p.mscale = (float)(s.attn_factor * yarn_mag);
   return p;
 }
 
 void rope_angles(int pos, const RopeParams& p, float* cs) {
   for (int i = 0; i < p.rope_dim / 2; i++) {
     const double theta = (double)pos * p.inv_freq[i];
-    cs[2 * i] = (float)std::cos(theta);
-    cs[2 * i + 1] = (float)std::sin(theta);
+    cs[2 * i] = (float)std::cos(theta) * p.mscale;
+    cs[2 * i + 1] = (float)std::sin(theta) * p.mscale;
   }
 }
 

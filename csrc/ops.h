@@ -44,9 +44,19 @@ struct RopeParams {
   int rope_dim = 0;             // leading elements of each head that rotate (<= head_dim)
   bool neox = false;            // rotate pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
   std::vector<double> inv_freq;  // [rope_dim/2] angle per position, radians
+  float mscale = 1.f;            // cos and sin × this (YaRN, LongRoPE)
 };
-// inv_freq[i] = freq_scale * base^(-2i/rope_dim) / factors[i] (factors: llama3-style, may be null).
-RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, float freq_scale, const float* factors);
+// How a file stretches RoPE past its trained context (llama.cpp's rope_ext parameters).
+struct RopeScaling {
+  double freq_scale = 1.0;   // 1 / factor: positions interpolated (linear, YaRN)
+  double ext_factor = 0.0;   // YaRN 1: the fast-turning pairs keep their frequency, across a ramp of pairs
+  int n_ctx_orig = 0;        // YaRN: the context before the stretch (where the ramp's ends are)
+  double beta_fast = 32.0, beta_slow = 1.0;  // YaRN: the ramp's ends, in turns over n_ctx_orig
+  double attn_factor = 1.0;  // cos and sin × this (× YaRN's 1 + 0.1·ln(factor) where ext_factor is on)
+};
+// inv_freq[i] = base^(-2i/rope_dim) / factors[i] (factors: llama3 / LongRoPE, may be null), interpolated by
+// freq_scale (YaRN: blended with the unscaled one across its ramp), and the rotation's magnitude.
+RopeParams make_rope(int head_dim, int rope_dim, bool neox, float base, const RopeScaling& s, const float* factors);
 // The rotation of position pos: cs[2i] = cos, cs[2i + 1] = sin of pair i, for i < rope_dim / 2 (computed
 // once per token and step, shared by every layer).
 void rope_angles(int pos, const RopeParams& p, float* cs);

@@ -16,7 +16,9 @@ n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. 
 gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6), gemma2 4
 (layers 0 and 2 local, window 8; soft-caps 50 / 30 as the real files, ``attn_softcap`` / ``final_softcap``
 override), granite 2 (embedding_scale 4, residual_scale 0.5, logit_scale 2, attention.scale 0.1), olmo2 2
-(post-norms only, q/k normed over the whole projection), glm4moe 3 + a NextN block.
+(post-norms only, q/k normed over the whole projection), glm4moe 3 + a NextN block, mistral3 2 (YaRN x16 from
+an original context of 16, attention temperature 0.1). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
+"original_context": n, "attn_factor": a, "log_mul": m}`` and ``attn_temperature=s`` apply to any arch.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
 2 used per token, llama.cpp's tensor names (ffn_gate_inp F32 as its quantizer leaves it, 3-D
@@ -49,7 +51,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
+         "mistral3")
 GEMMAS = ("gemma2", "gemma3")
 MOE_ARCHS = ("qwen3moe", "glm4moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
@@ -277,6 +280,10 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(head_dim=128 if kq else 32, n_layer=6, eps=1e-6, rope_base=1000000.0, sliding_window=8)
     if arch == "gemma2":  # 4 layers: 0 and 2 local; the real files' soft-caps
         d.update(n_layer=4, eps=1e-6, sliding_window=8, attn_softcap=50.0, final_softcap=30.0)
+    if arch == "mistral3":  # Ministral 3's YaRN and attention temperature, the original context cut to 16 so
+        # that the ramp and the temperature (positions >= 16) show in a short prompt
+        d.update(rope_base=1000000.0, rope_scaling={"type": "yarn", "factor": 16.0, "original_context": 16},
+                 attn_temperature=0.1)
     if arch == "granite":  # Granite 3's multipliers, scaled to this size
         d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
     return d
@@ -338,6 +345,22 @@ def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
         w.add_expert_weights_scale(float(moe["scale"]))
 
 
+def _write_rope_scaling(w: GGUFWriter, cfg: dict) -> None:
+    """rope_scaling {type, factor, original_context, attn_factor, log_mul} and attn_temperature: llama.cpp's keys."""
+    rs = cfg.get("rope_scaling")
+    if rs:
+        w.add_string(f"{w.arch}.rope.scaling.type", rs["type"])
+        w.add_float32(f"{w.arch}.rope.scaling.factor", float(rs["factor"]))
+        if "original_context" in rs:
+            w.add_uint32(f"{w.arch}.rope.scaling.original_context_length", int(rs["original_context"]))
+        if "attn_factor" in rs:
+            w.add_float32(f"{w.arch}.rope.scaling.attn_factor", float(rs["attn_factor"]))
+        if "log_mul" in rs:
+            w.add_float32(f"{w.arch}.rope.scaling.yarn_log_multiplier", float(rs["log_mul"]))
+    if cfg.get("attn_temperature"):
+        w.add_float32(f"{w.arch}.attention.temperature_scale", float(cfg["attn_temperature"]))
+
+
 def _write_multipliers(w: GGUFWriter, arch: str, cfg: dict) -> None:
     """gemma2's soft-caps, granite's scales: llama.cpp's key names."""
     if arch == "gemma2":
@@ -373,7 +396,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         if t not in ALL_QTYPES:
             raise ValueError(f"unsupported qtype {t}")
     cfg = default_dims(arch, qtype)
-    unknown = set(dims) - set(cfg) - {"sliding_window", "attn_softcap", "final_softcap"}
+    unknown = set(dims) - set(cfg) - {"sliding_window", "attn_softcap", "final_softcap", "rope_scaling", "attn_temperature"}
     if unknown:
         raise TypeError(f"unknown dims {unknown}")
     cfg.update(dims)
@@ -465,7 +488,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if arch in GEMMAS or hd * n_head != n_embd:
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch in ("llama", "smollm3", "granite"):
+    if arch in ("llama", "smollm3", "granite", "mistral3"):
         w.add_rope_dimension_count(hd)
         w.add_vocab_size(n_vocab)
     if arch == "glm4moe":
@@ -476,6 +499,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if arch in GEMMAS and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)
+    _write_rope_scaling(w, cfg)
     if isinstance(qtype, str) and qtype in FILE_TYPES:
         w.add_file_type(FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

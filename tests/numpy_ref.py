@@ -56,8 +56,9 @@ from gguf.quants import dequantize
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2")
-ROPE_NORM_ARCHS = ("llama", "smollm3", "granite")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
+                   "mistral3")
+ROPE_NORM_ARCHS = ("llama", "smollm3", "granite", "mistral3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
 GEMMA3_SWA_PATTERN = 6          # llama.cpp: hparams.set_swa_pattern(6)
@@ -108,6 +109,10 @@ class HParams:
     pre_norms: bool = True          # rmsnorm before attention and the FFN (olmo2: none)
     post_norms: bool = False        # rmsnorm after attention and the FFN (gemma, olmo2)
     rope_freqs: bool = True         # rope_freqs.weight factors apply (not gemma's)
+    yarn: "np.ndarray | None" = None  # YaRN: per rotated pair, the blend of unscaled (1) and interpolated (0)
+    rope_mscale: float = 1.0        # cos and sin x this on the global layers (YaRN's magnitude, attn_factor)
+    attn_temp_scale: float = 0.0    # q x 1 + s * ln(floor(pos / attn_temp_floor) + 1) (mistral3)
+    attn_temp_floor: int = 1
     moe: "MoeHParams | None" = None
     extra: dict = field(default_factory=dict)
 
@@ -176,10 +181,11 @@ def read_hparams(reader: GGUFReader) -> HParams:
             scaling_type = "linear"
     if scaling_type in (None, "none") or not factor:
         rope_freq_scale = 1.0
-    elif scaling_type == "linear":
+    elif scaling_type in ("linear", "yarn"):
         rope_freq_scale = 1.0 / float(factor)
     else:
         raise NotImplementedError(f"rope scaling {scaling_type!r} is not supported by the reference")
+    yarn, rope_mscale = _read_yarn(key, scaling_type, float(factor or 1.0), n_rot, rope_base)
 
     hp = HParams(
         arch=arch, n_vocab=0, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
@@ -197,6 +203,9 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp.layer_roped = [arch != "smollm3" or (il + 1) % SMOLLM3_NO_ROPE_STEP != 0 for il in range(n_layer)]
 
     _read_multipliers(hp, key)
+    hp.yarn, hp.rope_mscale = yarn, rope_mscale
+    hp.attn_temp_scale = float(key("attention.temperature_scale", 0.0))
+    hp.attn_temp_floor = int(key("rope.scaling.original_context_length", key("context_length", 4096)))
     if arch == "gemma2":
         _read_gemma2(hp, key)
     if arch == "olmo2":
@@ -218,6 +227,29 @@ def read_hparams(reader: GGUFReader) -> HParams:
         if n_layer == 62:
             hp.attn_scale = 1.0 / math.sqrt(n_embd / n_head)
     return hp
+
+
+def _read_yarn(key, scaling_type, factor: float, n_rot: int, base: float) -> tuple[np.ndarray | None, float]:
+    """(YaRN's ramp per rotated pair or None, the rotation's magnitude), as llama.cpp's context computes
+    rope_ext's ext_factor / attn_factor and ggml's rope_yarn applies them (ggml/src/ggml-cpu/ops.cpp)."""
+    attn_factor = float(key("rope.scaling.attn_factor", 1.0))
+    if scaling_type != "yarn":
+        return None, attn_factor
+    n_orig = int(key("rope.scaling.original_context_length", key("context_length", 4096)))
+    beta_fast, beta_slow = float(key("rope.scaling.yarn_beta_fast", 32.0)), float(key("rope.scaling.yarn_beta_slow", 1.0))
+
+    def corr(turns: float) -> float:  # the pair that turns `turns` times over the original context
+        return n_rot * math.log(n_orig / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = max(0, math.floor(corr(beta_fast))), min(n_rot - 1, math.ceil(corr(beta_slow)))
+    ramp = 1.0 - np.clip((np.arange(n_rot // 2) - lo) / max(0.001, hi - lo), 0.0, 1.0)
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1.0 else 0.1 * m * math.log(factor) + 1.0
+
+    log_mul = float(key("rope.scaling.yarn_log_multiplier", 0.0))
+    a = (mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)) / (1.0 + 0.1 * math.log(factor)) * attn_factor
+    return ramp, a * (1.0 + 0.1 * math.log(factor))
 
 
 def _read_multipliers(hp: HParams, key) -> None:
@@ -398,7 +430,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, freq_scale: float, mode: str,
-         freq_factors: np.ndarray | None = None) -> np.ndarray:
+         freq_factors: np.ndarray | None = None, yarn: np.ndarray | None = None, mscale: float = 1.0) -> np.ndarray:
     """RoPE of x [T, n_heads, head_dim] at positions pos [T] on the first n_rot dims of each head.
 
     theta_i = pos * freq_scale * base^(-2i/n_rot) / freq_factors[i], i < n_rot/2.
@@ -408,9 +440,11 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, freq_scale: fl
     inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)[:half]
-    theta = (np.asarray(pos, dtype=np.float64) * freq_scale)[:, None] * inv_freq[None, :]  # [T, half]
-    cos = np.cos(theta)[:, None, :].astype(x.dtype)
-    sin = np.sin(theta)[:, None, :].astype(x.dtype)
+    # YaRN: pair i's frequency blends the unscaled (yarn[i] = 1) and the interpolated one
+    inv_freq = inv_freq * (freq_scale if yarn is None else freq_scale * (1 - yarn) + yarn)
+    theta = np.asarray(pos, dtype=np.float64)[:, None] * inv_freq[None, :]  # [T, half]
+    cos = (mscale * np.cos(theta))[:, None, :].astype(x.dtype)
+    sin = (mscale * np.sin(theta))[:, None, :].astype(x.dtype)
     out = x.copy()
     if mode == ROPE_NEOX:
         x0, x1 = x[..., :half], x[..., half:n_rot]
@@ -658,8 +692,12 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
             q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
         ff = rope_factors if hp.rope_freqs else None
         if hp.layer_roped[il]:
-            q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
-            k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff)
+            scaled = hp.layer_swa[il] is None  # local layers are never stretched
+            yarn, ms = (hp.yarn, hp.rope_mscale) if scaled else (None, 1.0)
+            q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
+            k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
+        if hp.attn_temp_scale:  # mistral3 / llama4 temperature: q x 1 + s * ln(floor(pos / L) + 1)
+            q = q * (1.0 + hp.attn_temp_scale * np.log(np.floor(pos / hp.attn_temp_floor) + 1.0))[:, None, None]
         tr(f"l{il}.q", q)
         tr(f"l{il}.k", k)
         tr(f"l{il}.v", v)

@@ -86,6 +86,16 @@ CASES += [
     pytest.param("granite", "Q8_0", {"tied": False, "residual_scale": 0.2, "logit_scale": 0.5},
                  id="granite-Q8_0-untied-rescaled"),
     pytest.param("olmo2", "F32", {"eps": 0.05}, id="olmo2-F32-eps0.05"),
+    # RoPE scaling as files declare it, on other architectures too
+    pytest.param("mistral3", "F32", {"rope_scaling": {"type": "yarn", "factor": 8.0, "original_context": 12,
+                                                      "log_mul": 0.5, "attn_factor": 0.9}},
+                 id="mistral3-F32-yarn-logmul-attnfactor"),
+    pytest.param("qwen3", "F32", {"rope_scaling": {"type": "yarn", "factor": 4.0, "original_context": 8}},
+                 id="qwen3-F32-yarn"),
+    pytest.param("llama", "F32", {"rope_scaling": {"type": "linear", "factor": 4.0}}, id="llama-F32-linear4"),
+    pytest.param("llama", "F32", {"attn_temperature": 0.3, "rope_scaling": {"type": "none", "factor": 1.0,
+                                                                             "original_context": 4}},
+                 id="llama-F32-temperature"),
 ]
 
 

@@ -169,7 +169,7 @@ def test_wrong_metadata_type_for_model(tmp_path):
 
 def test_unsupported_architecture_lists_supported(tmp_path):
     path = write_stub_model(tmp_path / "m.gguf", "mamba")
-    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma2, gemma3, glm4moe, granite, llama, olmo2, qwen2, qwen3, qwen3moe, smollm3"):
+    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma2, gemma3, glm4moe, granite, llama, mistral3, olmo2, qwen2, qwen3, qwen3moe, smollm3"):
         _engine.Engine(str(path), n_threads=1)
 
 
@@ -180,4 +180,10 @@ def test_moe_hyper_parameters_out_of_range_name_the_key(tmp_path):
         _engine.Engine(str(path), n_threads=1)
     path = write_test_model(tmp_path / "b.gguf", "qwen3moe", moe={"gating": 7})
     with pytest.raises(_engine.GGUFError, match=r"'qwen3moe.expert_gating_func' is 7, outside \[1, 3\]"):
+        _engine.Engine(str(path), n_threads=1)
+
+
+def test_an_unknown_rope_scaling_names_the_key_and_the_choices(tmp_path):
+    path = write_test_model(tmp_path / "m.gguf", "llama", rope_scaling={"type": "dynamic", "factor": 2.0})
+    with pytest.raises(_engine.GGUFError, match="unsupported rope.scaling.type 'dynamic'.*none, linear, yarn, longrope"):
         _engine.Engine(str(path), n_threads=1)
