@@ -101,6 +101,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   const HParams& hp = model_->hparams();
   const KVGeometry geo = kv_geometry(hp, cfg_);
   cfg_.n_ctx = geo.n_ctx;
+  model_->set_context(geo.n_ctx);
   const int nb = geo.num_kv_blocks;
   pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();

@@ -59,6 +59,11 @@ ArchSpec olmo2() {  // no pre-norms: post-norms only; q and k normed over the wh
   return s;
 }
 
+ArchSpec phi3() {  // NeoX RoPE (partial in Phi-4-mini), fused qkv and gate/up, LongRoPE factors from tensors;
+  // llama.cpp runs its files' sliding window as full attention, and so does this
+  return based(qwen2(), "phi3");
+}
+
 ArchSpec mistral3() {  // llama with YaRN and the attention temperature (both from the file)
   return based(ArchSpec{}, "mistral3");
 }
@@ -71,7 +76,7 @@ ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN
 
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
-      gemma2(), gemma3(), glm4moe(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), qwen2(), qwen3(),
+      gemma2(), gemma3(), glm4moe(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
       based(qwen3(), "qwen3moe"), smollm3()};
   return all;
 }
@@ -82,7 +87,7 @@ constexpr int64_t MAX_DIM = 1 << 20, MAX_HEADS = 1 << 12;
 
 // Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
 // around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
-// cache before any tensor is looked at, so it is bounded by the tensor count: >= 9 tensors a layer).
+// cache before any tensor is looked at, so it is bounded by the tensor count: >= 5 tensors a layer, phi3 6).
 int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, const int64_t* def) {
   int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
   if (v < lo || v > hi)
@@ -115,7 +120,7 @@ MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec
 void read_shape(const GGUFFile& f, const std::string& a, const ArchSpec& spec, HParams& hp) {
   const int64_t no_ff = 0, no_mtp = 0;
   hp.n_embd = ranged(f, a + "embedding_length", 1, MAX_DIM, nullptr);
-  hp.n_layer = ranged(f, a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 9), nullptr);
+  hp.n_layer = ranged(f, a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 5), nullptr);
   hp.n_layer -= ranged(f, a + "nextn_predict_layers", 0, hp.n_layer - 1, &no_mtp);
   const bool moe = f.get_int(a + "expert_count", 0) > 0;
   hp.n_ff = ranged(f, a + "feed_forward_length", moe ? 0 : 1, MAX_DIM, moe ? &no_ff : nullptr);

@@ -2,7 +2,7 @@
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
 // Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
-// TinyLlama), mistral3, olmo2, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
+// TinyLlama), mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
 // it (linear, YaRN, LongRoPE factors), for any of them.
 #pragma once

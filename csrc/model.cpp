@@ -94,9 +94,7 @@ void Model::load_weights() {
       L.attn_norm = vec(p + "attn_norm.weight", E);
       L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
     }
-    L.wq = weight(p + "attn_q.weight", E, qd);
-    L.wk = weight(p + "attn_k.weight", E, kvd);
-    L.wv = weight(p + "attn_v.weight", E, kvd);
+    load_qkv(p, L);
     L.wo = weight(p + "attn_output.weight", qd, E);
     L.bq = vec(p + "attn_q.bias", qd, true);
     L.bk = vec(p + "attn_k.bias", kvd, true);
@@ -104,8 +102,7 @@ void Model::load_weights() {
     if (hp_.moe.moe_layer(il)) {
       load_moe(il, L.moe);
     } else {
-      L.w_gate = weight(p + "ffn_gate.weight", E, hp_.n_ff);
-      L.w_up = weight(p + "ffn_up.weight", E, hp_.n_ff);
+      load_gate_up(p, L);
       L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
     }
     {  // required where the architecture has them, used wherever the file has them
@@ -117,10 +114,57 @@ void Model::load_weights() {
       L.post_ffn_norm = vec(p + "post_ffw_norm.weight", E);
     }
   }
-  std::vector<float> factors = vec("rope_freqs.weight", hp_.rope_dim / 2, true);
-  const float* ff = factors.empty() ? nullptr : factors.data();
+  rope_freqs_ = vec("rope_freqs.weight", hp_.rope_dim / 2, true);
+  rope_short_ = vec("rope_factors_short.weight", hp_.rope_dim / 2, true);
+  rope_long_ = vec("rope_factors_long.weight", hp_.rope_dim / 2, true);
+  set_context(hp_.rope_scaling.n_ctx_orig);
+}
+
+// llama.cpp's get_rope_factors: rope_freqs where the file has them, else LongRoPE's long factors for a
+// context past the original one and its short factors within it.
+void Model::set_context(int n_ctx) {
+  const int hd = hp_.head_dim;
+  const std::vector<float>& f = !rope_freqs_.empty() ? rope_freqs_
+                                : n_ctx > hp_.rope_scaling.n_ctx_orig && !rope_long_.empty() ? rope_long_ : rope_short_;
+  const float* ff = f.empty() ? nullptr : f.data();
   rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_scaling, ff);
   rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, RopeScaling{}, ff);
+}
+
+// Rows [r0, r0 + n) of a matrix: one part of a fused tensor, read in place.
+Weight Model::rows(const Weight& w, int64_t r0, int64_t n) const {
+  Weight part = w;
+  part.n_out = n;
+  part.data = w.data + r0 * w.row_bytes;
+  return part;
+}
+
+// q, k and v: their own tensors, or the row ranges of a fused attn_qkv (phi3).
+void Model::load_qkv(const std::string& p, LayerWeights& L) {
+  const int E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim, kvd = hp_.kv_dim();
+  if (!file_->find(p + "attn_qkv.weight")) {
+    L.wq = weight(p + "attn_q.weight", E, qd);
+    L.wk = weight(p + "attn_k.weight", E, kvd);
+    L.wv = weight(p + "attn_v.weight", E, kvd);
+    return;
+  }
+  const Weight qkv = weight(p + "attn_qkv.weight", E, qd + 2 * kvd);
+  L.wq = rows(qkv, 0, qd);
+  L.wk = rows(qkv, qd, kvd);
+  L.wv = rows(qkv, qd + kvd, kvd);
+}
+
+// gate and up: their own tensors, or the halves of an ffn_up twice as tall (phi3's SwiGLU: gate first).
+void Model::load_gate_up(const std::string& p, LayerWeights& L) {
+  const int E = hp_.n_embd, F = hp_.n_ff;
+  if (file_->find(p + "ffn_gate.weight")) {
+    L.w_gate = weight(p + "ffn_gate.weight", E, F);
+    L.w_up = weight(p + "ffn_up.weight", E, F);
+    return;
+  }
+  const Weight fused = weight(p + "ffn_up.weight", E, 2 * (int64_t)F);
+  L.w_gate = rows(fused, 0, F);
+  L.w_up = rows(fused, F, F);
 }
 
 // llama.cpp's tensor names: ffn_gate_inp (the router), ffn_{gate,up,down}_exps, exp_probs_b (the choosing

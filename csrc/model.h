@@ -45,6 +45,9 @@ class Model {
   explicit Model(std::shared_ptr<const GGUFFile> file);
 
   const HParams& hparams() const { return hp_; }
+  // The context a sequence may reach (the engine's max model length): picks LongRoPE's long or short
+  // frequency factors as llama.cpp does. Call before the first forward.
+  void set_context(int n_ctx);
   const GGUFFile& file() const { return *file_; }
 
   // Runs the batch: writes K/V of every token into `kv` through its table (blocks must be allocated),
@@ -63,6 +66,9 @@ class Model {
   // one copy of each weight stays resident. Throws ModelError when the copy does not fit in memory.
   void pack_weights();
   Weight weight(const std::string& name, int64_t n_in, int64_t n_out) const;
+  Weight rows(const Weight& w, int64_t r0, int64_t n) const;
+  void load_qkv(const std::string& prefix, LayerWeights& L);
+  void load_gate_up(const std::string& prefix, LayerWeights& L);
   // The n_expert matrices [n_out × n_in] of a 3-D expert tensor [n_in, n_out, n_expert].
   std::vector<Weight> experts(const std::string& name, int64_t n_in, int64_t n_out) const;
   void load_moe(int il, MoeWeights& w);
@@ -81,6 +87,7 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<LayerWeights> layers_;
   RopeParams rope_global_, rope_local_;
+  std::vector<float> rope_freqs_, rope_short_, rope_long_;  // [rope_dim / 2] frequency factors, or empty
 
   // Work buffers, [T × width], reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, final_;

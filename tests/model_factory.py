@@ -17,7 +17,8 @@ gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's f
 (layers 0 and 2 local, window 8; soft-caps 50 / 30 as the real files, ``attn_softcap`` / ``final_softcap``
 override), granite 2 (embedding_scale 4, residual_scale 0.5, logit_scale 2, attention.scale 0.1), olmo2 2
 (post-norms only, q/k normed over the whole projection), glm4moe 3 + a NextN block, mistral3 2 (YaRN x16 from
-an original context of 16, attention temperature 0.1). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
+an original context of 16, attention temperature 0.1), phi3 2 (fused attn_qkv and gate/up, 3/4 of each head
+rotated, LongRoPE factors with an original context of 256: the long ones at the default context). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
 "original_context": n, "attn_factor": a, "log_mul": m}`` and ``attn_temperature=s`` apply to any arch.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
@@ -52,7 +53,7 @@ from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3")
+         "mistral3", "phi3")
 GEMMAS = ("gemma2", "gemma3")
 MOE_ARCHS = ("qwen3moe", "glm4moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
@@ -284,6 +285,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
         # that the ramp and the temperature (positions >= 16) show in a short prompt
         d.update(rope_base=1000000.0, rope_scaling={"type": "yarn", "factor": 16.0, "original_context": 16},
                  attn_temperature=0.1)
+    if arch == "phi3":  # Phi-4-mini's shape in small: 3/4 of each head rotates, LongRoPE past an original 256
+        d.update(rope_scaling={"type": "longrope", "factor": 1.0, "original_context": 256, "attn_factor": 1.19})
     if arch == "granite":  # Granite 3's multipliers, scaled to this size
         d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
     return d
@@ -343,6 +346,10 @@ def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
         w.add_expert_weights_norm(bool(moe["norm"]))
     if moe["scale"] is not None:
         w.add_expert_weights_scale(float(moe["scale"]))
+
+
+def _rope_dim(arch: str, hd: int) -> int:
+    return hd * 3 // 4 if arch == "phi3" else hd
 
 
 def _write_rope_scaling(w: GGUFWriter, cfg: dict) -> None:
@@ -433,9 +440,13 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         p = f"blk.{il}."
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
-        add(p + "attn_q.weight", mat(n_head * hd, n_embd), "attn_q")
-        add(p + "attn_k.weight", mat(n_head_kv * hd, n_embd), "attn_k")
-        add(p + "attn_v.weight", mat(n_head_kv * hd, n_embd), "attn_v")
+        q, k, v = mat(n_head * hd, n_embd), mat(n_head_kv * hd, n_embd), mat(n_head_kv * hd, n_embd)
+        if arch == "phi3":  # one fused tensor: q's rows, then k's, then v's
+            add(p + "attn_qkv.weight", np.concatenate([q, k, v]), "attn_q")
+        else:
+            add(p + "attn_q.weight", q, "attn_q")
+            add(p + "attn_k.weight", k, "attn_k")
+            add(p + "attn_v.weight", v, "attn_v")
         if biases:
             add(p + "attn_q.bias", (0.5 * rng.standard_normal(n_head * hd)).astype(np.float32))
             add(p + "attn_k.bias", (0.5 * rng.standard_normal(n_head_kv * hd)).astype(np.float32))
@@ -454,8 +465,12 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         if moe_cfg and il >= moe_cfg["dense_lead"]:
             _add_experts(add, rng, p, n_embd, moe_cfg)
         else:
-            add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
-            add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
+            gate, up = mat(n_ff, n_embd), mat(n_ff, n_embd)
+            if arch == "phi3":  # SwiGLU's gate and up in one tensor, the gate first
+                add(p + "ffn_up.weight", np.concatenate([gate, up]), "ffn_up")
+            else:
+                add(p + "ffn_gate.weight", gate, "ffn_gate")
+                add(p + "ffn_up.weight", up, "ffn_up")
             add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
         if arch in GEMMAS + ("olmo2",):
             add(p + "post_ffw_norm.weight", norm(n_embd))
@@ -472,6 +487,10 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         # llama3-style: factor 1 for the high frequencies, up to 8 for the low ones
         half = hd // 2
         add("rope_freqs.weight", np.geomspace(1.0, 8.0, half).astype(np.float32))
+    if arch == "phi3":  # LongRoPE's two sets: mild for contexts within the original, strong past it
+        half = _rope_dim(arch, hd) // 2
+        add("rope_factors_short.weight", np.geomspace(1.0, 1.5, half).astype(np.float32))
+        add("rope_factors_long.weight", np.geomspace(1.0, 16.0, half).astype(np.float32))
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -488,8 +507,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if arch in GEMMAS or hd * n_head != n_embd:
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch in ("llama", "smollm3", "granite", "mistral3"):
-        w.add_rope_dimension_count(hd)
+    if arch in ("llama", "smollm3", "granite", "mistral3", "phi3"):
+        w.add_rope_dimension_count(_rope_dim(arch, hd))
         w.add_vocab_size(n_vocab)
     if arch == "glm4moe":
         w.add_rope_dimension_count(hd // 2)

@@ -57,7 +57,7 @@ ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-                   "mistral3")
+                   "mistral3", "phi3")
 ROPE_NORM_ARCHS = ("llama", "smollm3", "granite", "mistral3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
@@ -179,7 +179,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
         factor = key("rope.scale_linear", None)
         if factor is not None and scaling_type is None:
             scaling_type = "linear"
-    if scaling_type in (None, "none") or not factor:
+    if scaling_type in (None, "none", "longrope") or not factor:  # LongRoPE: factors from tensors
         rope_freq_scale = 1.0
     elif scaling_type in ("linear", "yarn"):
         rope_freq_scale = 1.0 / float(factor)
@@ -625,6 +625,35 @@ def moe_ffn(m: "RefModel", moe: MoeHParams, p: str, f: np.ndarray, qact, margins
     return out
 
 
+def _qkv(m: "RefModel", hp: HParams, p: str, h: np.ndarray, mm) -> tuple:
+    """q, k, v [T, width] from their own weights or a fused attn_qkv (phi3: q rows, then k's, then v's)."""
+    if not m.has(p + "attn_qkv.weight"):
+        return mm(h, p + "attn_q"), mm(h, p + "attn_k"), mm(h, p + "attn_v")
+    qkv = mm(h, p + "attn_qkv")
+    qd, kvd = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
+    return qkv[:, :qd], qkv[:, qd:qd + kvd], qkv[:, qd + kvd:]
+
+
+def _gated(m: "RefModel", hp: HParams, p: str, f: np.ndarray, mm, act_fn) -> np.ndarray:
+    """act(gate) * up, from their own weights or phi3's ffn_up of twice the width (SwiGLU: the gate first)."""
+    if m.has(p + "ffn_gate.weight"):
+        return act_fn(mm(f, p + "ffn_gate")) * mm(f, p + "ffn_up")
+    gu = mm(f, p + "ffn_up")
+    n = gu.shape[-1] // 2
+    return act_fn(gu[:, :n]) * gu[:, n:]
+
+
+def _rope_factors(m: "RefModel", hp: HParams) -> np.ndarray | None:
+    """llama.cpp's get_rope_factors: rope_freqs, else LongRoPE's long factors when the context passes the
+    original one, its short factors otherwise. The context is the engine's default, min(context_length, 8192)."""
+    if m.has("rope_freqs.weight"):
+        return m.weight("rope_freqs.weight")
+    n_ctx = min(int(_field(m.reader, f"{hp.arch}.context_length", 4096)), 8192)
+    n_orig = int(_field(m.reader, f"{hp.arch}.rope.scaling.original_context_length", n_ctx))
+    long = n_ctx > n_orig and m.has("rope_factors_long.weight")
+    return m.weight("rope_factors_long.weight" if long else "rope_factors_short.weight", optional=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # the forward pass
 # --------------------------------------------------------------------------------------------------
@@ -674,7 +703,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
     if "gelu" in emu and hp.gelu:
         act_fn = lambda z: _f16(gelu_tanh(_f16(z)))  # noqa: E731  (ggml's f16 GELU table)
 
-    rope_factors = m.weight("rope_freqs.weight", optional=True)
+    rope_factors = _rope_factors(m, hp)
     for il in range(hp.n_layer):
         p = f"blk.{il}."
         w = lambda n: m.weight(p + n)                      # noqa: E731
@@ -682,12 +711,12 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         # ---- attention ----
         h = norm(x, p + "attn_norm.weight") if hp.pre_norms else x
         tr(f"l{il}.attn_norm", h)
-        q, k = mm(h, p + "attn_q"), mm(h, p + "attn_k")
+        q, k, v = _qkv(m, hp, p, h, mm)
         if hp.arch == "olmo2":  # q and k normed over the whole projection, before the heads split
             q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
         q = q.reshape(T, hp.n_head, hp.head_dim_k)
         k = k.reshape(T, hp.n_head_kv, hp.head_dim_k)
-        v = mm(h, p + "attn_v").reshape(T, hp.n_head_kv, hp.head_dim_v)
+        v = v.reshape(T, hp.n_head_kv, hp.head_dim_v)
         if hp.arch != "olmo2":
             q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
         ff = rope_factors if hp.rope_freqs else None
@@ -721,7 +750,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
             if margins:
                 tr(f"l{il}.route_margin", margins[0])
         else:
-            f = mm(act_fn(mm(f, p + "ffn_gate")) * mm(f, p + "ffn_up"), p + "ffn_down")
+            f = mm(_gated(m, hp, p, f, mm, act_fn), p + "ffn_down")
         if hp.post_norms:
             f = rms_norm(f, w("post_ffw_norm.weight"), hp.eps)
         x = x + hp.residual_mult * f

@@ -93,6 +93,8 @@ CASES += [
     pytest.param("qwen3", "F32", {"rope_scaling": {"type": "yarn", "factor": 4.0, "original_context": 8}},
                  id="qwen3-F32-yarn"),
     pytest.param("llama", "F32", {"rope_scaling": {"type": "linear", "factor": 4.0}}, id="llama-F32-linear4"),
+    pytest.param("phi3", "F32", {"rope_scaling": {"type": "longrope", "factor": 1.0, "original_context": 4096}},
+                 id="phi3-F32-short-factors"),
     pytest.param("llama", "F32", {"attn_temperature": 0.3, "rope_scaling": {"type": "none", "factor": 1.0,
                                                                              "original_context": 4}},
                  id="llama-F32-temperature"),
