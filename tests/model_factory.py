@@ -25,6 +25,7 @@ optimal search) that gguf's dequantize (and so ggml) reads back within the forma
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -396,6 +397,17 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
 
 __all__ = ["write_test_model", "default_dims", "tokenizer_vocab", "bytes_to_unicode", "quantize",
            "ARCHS", "ALL_QTYPES", "K_QUANTS", "BLOCK_32", "FLOAT_TYPES", "N_VOCAB", "MIXED"]
+
+
+def patch_tensor_type(path: str | os.PathLike, name: str, type_id: int) -> None:
+    """Rewrite the GGML type id of tensor ``name`` in a GGUF file's tensor table (in place), e.g. to a type
+    the engine does not support."""
+    data = bytearray(Path(path).read_bytes())
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.rindex(key) + len(key)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    Path(path).write_bytes(bytes(data))
 
 
 def write_all_types_gguf(path) -> Path:

@@ -7,7 +7,7 @@ import pytest
 
 from pyserve import _engine
 
-from model_factory import write_all_types_gguf
+from model_factory import patch_tensor_type, write_all_types_gguf
 
 TENSOR = "blk.0.attn_q.weight"
 
@@ -98,11 +98,10 @@ def test_tensor_data_outside_file(tmp_path, valid):
     expect_error(patched(tmp_path, data), "'second'", "outside the file")
 
 
-def test_unknown_tensor_type(tmp_path, valid):
-    data = bytearray(valid.read_bytes())
-    at = tensor_info_at(data, TENSOR) + 4 + 2 * 8
-    struct.pack_into("<I", data, at, 99)
-    expect_error(patched(tmp_path, data), TENSOR, "unsupported tensor type 99", "offset")
+@pytest.mark.parametrize("type_id", [99, int(gguf.GGMLQuantizationType.IQ2_XXS), int(gguf.GGMLQuantizationType.Q8_K)])
+def test_unknown_tensor_type(valid, type_id):
+    patch_tensor_type(valid, TENSOR, type_id)
+    expect_error(valid, TENSOR, f"unsupported tensor type {type_id}", "offset")
 
 
 @pytest.mark.parametrize("dims", [(1 << 62, 1 << 62), (0, 2), (1 << 63, 1)])
