@@ -32,7 +32,8 @@ from pyserve import _engine  # noqa: E402
 # exact-arithmetic bounds on max |d logit| for the float weight types (see the module doc)
 FLOAT_TOL = {"F32": 0.05, "F16": 0.08, "BF16": 0.3}
 
-QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "mixed"]
+QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K",
+          "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S", "mixed"]
 
 CASES = [pytest.param(arch, q, {}, id=f"{arch}-{q}") for arch in tm.ARCHS for q in QTYPES]
 CASES += [
