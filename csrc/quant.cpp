@@ -213,25 +213,19 @@ template <class B, const int8_t* Book> static void codes_book(const B& b, int* q
 template <class B> static inline float scale_d(const B& b) { return h2f(b.d); }
 static inline float scale_mxfp4(const block_mxfp4& b) { return e8m0_half(b.e); }
 
-template <class B, void (*Codes)(const B&, int*), float (*Scale)(const B&) = scale_d<B>>
-static void deq_sym32(const void* s, float* y, int64_t n) {
+template <class B, void (*Codes)(const B&, int*), bool HasMin, float (*Scale)(const B&) = scale_d<B>>
+static void deq32(const void* s, float* y, int64_t n) {
   const B* b = (const B*)s;
   int q[QK];
   for (int64_t i = 0; i < n / QK; i++, y += QK) {
     const float d = Scale(b[i]);
     Codes(b[i], q);
-    for (int j = 0; j < QK; j++) y[j] = d * (float)q[j];
-  }
-}
-
-template <class B, void (*Codes)(const B&, int*)>
-static void deq_min32(const void* s, float* y, int64_t n) {
-  const B* b = (const B*)s;
-  int q[QK];
-  for (int64_t i = 0; i < n / QK; i++, y += QK) {
-    const float d = h2f(b[i].d), m = h2f(b[i].m);
-    Codes(b[i], q);
-    for (int j = 0; j < QK; j++) y[j] = d * (float)q[j] + m;
+    if constexpr (HasMin) {
+      const float m = h2f(b[i].m);
+      for (int j = 0; j < QK; j++) y[j] = d * (float)q[j] + m;
+    } else {
+      for (int j = 0; j < QK; j++) y[j] = d * (float)q[j];
+    }
   }
 }
 
@@ -738,7 +732,8 @@ static void k_super(int64_t n, const void* vw, const uint8_t* act, size_t stride
 // 2-bit codes of 128 elements (see crumbs128) into 4 chunks.
 static inline void crumbs128_x4(const uint8_t* p, __m256i* q) {
   const __m256i v = load256(p);
-  for (int s = 0; s < 4; s++) q[s] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+  for (int s = 0; s < 4; s++)
+    q[s] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
 }
 
 static inline void sdec_q2_K(const block_q2_K& b, SuperDec& k) {
@@ -759,20 +754,38 @@ static inline void sdec_q3_K(const block_q3_K& b, SuperDec& k) {
     const __m256i h = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j)), one);
     k.q[j] = _mm256_or_si256(k.q[j], _mm256_slli_epi16(h, 2));
   }
-  int8_t sc[16];
-  q3_scales(b.scales, sc);
-  const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)sc));
+  // q3_scales: low nibbles of bytes 0-7, then their high nibbles; 2 bits from byte 8 + j % 4 at 2 (j / 4)
+  const __m128i lo8 = _mm_loadl_epi64((const __m128i*)b.scales), m4 = _mm_set1_epi8(0x0F);
+  const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(lo8, m4), _mm_and_si128(_mm_srli_epi16(lo8, 4), m4));
+  const __m128i h4 = _mm_set1_epi32((int)load_u32(b.scales + 8));
+  const __m128i h2 = _mm_and_si128(_mm_srlv_epi32(h4, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+  const __m128i sc = _mm_sub_epi8(_mm_or_si128(nib, _mm_slli_epi16(h2, 4)), _mm_set1_epi8(32));
+  const __m256i s16 = _mm256_cvtepi8_epi16(sc);
   _mm256_store_si256((__m256i*)k.sc, s16);
   k.bias = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 2));  // −4 · sc per 16 elements
   k.d = h2f(b.d);
 }
 
+// Nibble j of x in int32 lane j.
+static inline __m256i nibbles8(uint32_t x) {
+  const __m256i at = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)x), at), _mm256_set1_epi32(0xF));
+}
+
+// 8 int32 lanes → int16 sc[0..7].
+static inline void store_sc8(__m256i v, int16_t* sc) {
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(v, v), 0x08);  // lanes 0-3 | 4-7
+  _mm_store_si128((__m128i*)sc, _mm256_castsi256_si128(p));
+}
+
 static inline void sdec_iq4_xs(const block_iq4_xs& b, SuperDec& k) {
   const __m256i book = book16(kIQ4);
-  for (int j = 0; j < 8; j++) {
-    k.q[j] = _mm256_shuffle_epi8(book, nibbles32(b.qs + 16 * j));
-    k.sc[j] = (int16_t)iq4xs_scale(b, j);
-  }
+  for (int j = 0; j < 8; j++) k.q[j] = _mm256_shuffle_epi8(book, nibbles32(b.qs + 16 * j));
+  // iq4xs_scale for the 8 sub-blocks at once
+  const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(b.scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+  const __m256i ls = _mm256_or_si256(nibbles8(load_u32(b.scales_l)),
+                                     _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
+  store_sc8(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)), k.sc);
   k.d = h2f(b.d);
 }
 
@@ -786,16 +799,18 @@ static inline __m256i bit_bytes(uint32_t m) {
 }
 
 static inline void sdec_iq3_s(const block_iq3_s& b, SuperDec& k) {
-  for (int j = 0; j < 8; j++) {
-    alignas(32) uint32_t g[8];
-    for (int t = 0; t < 8; t++) g[t] = iq3s_grid(b, 8 * j + t);
-    const __m256i neg = bit_bytes(load_u32(b.signs + 4 * j)), mag = _mm256_load_si256((const __m256i*)g);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), one = _mm256_set1_epi32(1);
+  for (int j = 0; j < 8; j++) {  // iq3s_grid for the 8 groups of chunk j at once
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b.qs + 8 * j)));
+    const __m256i bit8 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b.qh[j]), lane), one);
+    const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(bit8, 8));
+    const __m256i mag = _mm256_i32gather_epi32((const int*)kIQ3S_grid, idx, 4);
+    const __m256i neg = bit_bytes(load_u32(b.signs + 4 * j));
     k.q[j] = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);  // −mag where the sign bit is set
-    k.sc[j] = (int16_t)(1 + 2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 0xF));
   }
+  store_sc8(_mm256_add_epi32(_mm256_slli_epi32(nibbles8(load_u32(b.scales)), 1), one), k.sc);  // 1 + 2 s
   k.d = h2f(b.d);
 }
-
 #endif  // PS_AVX2
 
 // ================================================================ dispatch
@@ -835,12 +850,24 @@ template <int NC> static void k_f16(int64_t n, const void* w, const uint8_t* a, 
 template <int NC> static void k_bf16(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_float<uint16_t, ld8_bf16, bf16_to_fp32, NC>(n, w, a, s, o); }
 template <int NC> static void k_q4_1(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_asym<block_q4_1, dec_q4_1, NC>(n, w, a, s, o); }
 template <int NC> static void k_q5_1(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_asym<block_q5_1, dec_q5_1, NC>(n, w, a, s, o); }
-template <int NC> static void k_iq4_nl(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_book32<block_iq4_nl, kIQ4, scale_d<block_iq4_nl>, NC>(n, w, a, s, o); }
-template <int NC> static void k_mxfp4(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_book32<block_mxfp4, kMXFP4, scale_mxfp4, NC>(n, w, a, s, o); }
-template <int NC> static void k_q2_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_super<block_q2_K, sdec_q2_K, 16, false, Extra::Min, NC>(n, w, a, s, o); }
-template <int NC> static void k_q3_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_super<block_q3_K, sdec_q3_K, 16, false, Extra::Offset, NC>(n, w, a, s, o); }
-template <int NC> static void k_iq4_xs(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_super<block_iq4_xs, sdec_iq4_xs, 32, true, Extra::None, NC>(n, w, a, s, o); }
-template <int NC> static void k_iq3_s(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) { k_super<block_iq3_s, sdec_iq3_s, 32, true, Extra::None, NC>(n, w, a, s, o); }
+template <int NC> static void k_iq4_nl(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) {
+  k_book32<block_iq4_nl, kIQ4, scale_d<block_iq4_nl>, NC>(n, w, a, s, o);
+}
+template <int NC> static void k_mxfp4(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) {
+  k_book32<block_mxfp4, kMXFP4, scale_mxfp4, NC>(n, w, a, s, o);
+}
+template <int NC> static void k_q2_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) {
+  k_super<block_q2_K, sdec_q2_K, 16, false, Extra::Min, NC>(n, w, a, s, o);
+}
+template <int NC> static void k_q3_K(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) {
+  k_super<block_q3_K, sdec_q3_K, 16, false, Extra::Offset, NC>(n, w, a, s, o);
+}
+template <int NC> static void k_iq4_xs(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) {
+  k_super<block_iq4_xs, sdec_iq4_xs, 32, true, Extra::None, NC>(n, w, a, s, o);
+}
+template <int NC> static void k_iq3_s(int64_t n, const void* w, const uint8_t* a, size_t s, float* o) {
+  k_super<block_iq3_s, sdec_iq3_s, 32, true, Extra::None, NC>(n, w, a, s, o);
+}
 #define PS_SIMD(k) PS_TILE(k)
 #else
 #define PS_SIMD(k) nullptr
@@ -850,20 +877,33 @@ template <int NC> static void k_iq3_s(int64_t n, const void* w, const uint8_t* a
 static constexpr Kernels kt_f32{{"F32", 1, 4, ActFormat::F32}, deq_f32, ref_float<float, cvt_f32>, PS_SIMD(k_f32)};
 static constexpr Kernels kt_f16{{"F16", 1, 2, ActFormat::F32}, deq_f16, ref_float<uint16_t, h2f>, PS_SIMD(k_f16)};
 static constexpr Kernels kt_bf16{{"BF16", 1, 2, ActFormat::F32}, deq_bf16, ref_float<uint16_t, bf16_to_fp32>, PS_SIMD(k_bf16)};
-static constexpr Kernels kt_q4_0{{"Q4_0", QK, sizeof(block_q4_0), ActFormat::Q8_32}, deq_sym32<block_q4_0, codes_q4_0>, ref_legacy<block_q4_0, codes_q4_0, false>, nullptr};
-static constexpr Kernels kt_q4_1{{"Q4_1", QK, sizeof(block_q4_1), ActFormat::Q8_32}, deq_min32<block_q4_1, codes_q4_1>, ref_legacy<block_q4_1, codes_q4_1, true>, PS_SIMD(k_q4_1)};
-static constexpr Kernels kt_q5_0{{"Q5_0", QK, sizeof(block_q5_0), ActFormat::Q8_32}, deq_sym32<block_q5_0, codes_q5_0>, ref_legacy<block_q5_0, codes_q5_0, false>, nullptr};
-static constexpr Kernels kt_q5_1{{"Q5_1", QK, sizeof(block_q5_1), ActFormat::Q8_32}, deq_min32<block_q5_1, codes_q5_1>, ref_legacy<block_q5_1, codes_q5_1, true>, PS_SIMD(k_q5_1)};
-static constexpr Kernels kt_q8_0{{"Q8_0", QK, sizeof(block_q8_0), ActFormat::Q8_32}, deq_sym32<block_q8_0, codes_q8_0>, ref_legacy<block_q8_0, codes_q8_0, false>, nullptr};
-static constexpr Kernels kt_iq4_nl{{"IQ4_NL", QK, sizeof(block_iq4_nl), ActFormat::Q8_32}, deq_sym32<block_iq4_nl, codes_book<block_iq4_nl, kIQ4>>, ref_legacy<block_iq4_nl, codes_book<block_iq4_nl, kIQ4>, false>, PS_SIMD(k_iq4_nl)};
-static constexpr Kernels kt_mxfp4{{"MXFP4", QK, sizeof(block_mxfp4), ActFormat::Q8_32}, deq_sym32<block_mxfp4, codes_book<block_mxfp4, kMXFP4>, scale_mxfp4>, ref_legacy<block_mxfp4, codes_book<block_mxfp4, kMXFP4>, false, scale_mxfp4>, PS_SIMD(k_mxfp4)};
-static constexpr Kernels kt_q2_K{{"Q2_K", QK_K, sizeof(block_q2_K), ActFormat::Q8_K}, deq_super<block_q2_K, ints_q2_K, 16, true>, ref_super<block_q2_K, ints_q2_K, 16, true>, PS_SIMD(k_q2_K)};
-static constexpr Kernels kt_q3_K{{"Q3_K", QK_K, sizeof(block_q3_K), ActFormat::Q8_K}, deq_super<block_q3_K, ints_q3_K, 16, false>, ref_super<block_q3_K, ints_q3_K, 16, false>, PS_SIMD(k_q3_K)};
-static constexpr Kernels kt_q4_K{{"Q4_K", QK_K, sizeof(block_q4_K), ActFormat::Q8_K}, deq_super<block_q4_K, ints_k4<block_q4_K, codes_q4_K>, 32, true>, ref_super<block_q4_K, ints_k4<block_q4_K, codes_q4_K>, 32, true>, nullptr};
-static constexpr Kernels kt_q5_K{{"Q5_K", QK_K, sizeof(block_q5_K), ActFormat::Q8_K}, deq_super<block_q5_K, ints_k4<block_q5_K, codes_q5_K>, 32, true>, ref_super<block_q5_K, ints_k4<block_q5_K, codes_q5_K>, 32, true>, nullptr};
-static constexpr Kernels kt_q6_K{{"Q6_K", QK_K, sizeof(block_q6_K), ActFormat::Q8_K}, deq_super<block_q6_K, ints_q6_K, 16, false>, ref_super<block_q6_K, ints_q6_K, 16, false>, nullptr};
-static constexpr Kernels kt_iq4_xs{{"IQ4_XS", QK_K, sizeof(block_iq4_xs), ActFormat::Q8_K}, deq_super<block_iq4_xs, ints_iq4_xs, 32, false>, ref_super<block_iq4_xs, ints_iq4_xs, 32, false>, PS_SIMD(k_iq4_xs)};
-static constexpr Kernels kt_iq3_s{{"IQ3_S", QK_K, sizeof(block_iq3_s), ActFormat::Q8_K}, deq_super<block_iq3_s, ints_iq3_s, 32, false>, ref_super<block_iq3_s, ints_iq3_s, 32, false>, PS_SIMD(k_iq3_s)};
+// A quantized type's row: its dequantizer and reference from the same block decoding.
+template <class B, void (*Codes)(const B&, int*), bool HasMin, float (*Scale)(const B&) = scale_d<B>>
+static constexpr Kernels kernels32(const char* name, TileFn tile) {
+  return {{name, QK, sizeof(B), ActFormat::Q8_32}, deq32<B, Codes, HasMin, Scale>, ref_legacy<B, Codes, HasMin, Scale>,
+          tile};
+}
+template <class B, void (*Ints)(const B&, KInts&), int S, bool HasMin>
+static constexpr Kernels kernels256(const char* name, TileFn tile) {
+  return {{name, QK_K, sizeof(B), ActFormat::Q8_K}, deq_super<B, Ints, S, HasMin>, ref_super<B, Ints, S, HasMin>, tile};
+}
+
+static constexpr Kernels kt_q4_0 = kernels32<block_q4_0, codes_q4_0, false>("Q4_0", nullptr);
+static constexpr Kernels kt_q4_1 = kernels32<block_q4_1, codes_q4_1, true>("Q4_1", PS_SIMD(k_q4_1));
+static constexpr Kernels kt_q5_0 = kernels32<block_q5_0, codes_q5_0, false>("Q5_0", nullptr);
+static constexpr Kernels kt_q5_1 = kernels32<block_q5_1, codes_q5_1, true>("Q5_1", PS_SIMD(k_q5_1));
+static constexpr Kernels kt_q8_0 = kernels32<block_q8_0, codes_q8_0, false>("Q8_0", nullptr);
+static constexpr Kernels kt_iq4_nl =
+    kernels32<block_iq4_nl, codes_book<block_iq4_nl, kIQ4>, false>("IQ4_NL", PS_SIMD(k_iq4_nl));
+static constexpr Kernels kt_mxfp4 =
+    kernels32<block_mxfp4, codes_book<block_mxfp4, kMXFP4>, false, scale_mxfp4>("MXFP4", PS_SIMD(k_mxfp4));
+static constexpr Kernels kt_q2_K = kernels256<block_q2_K, ints_q2_K, 16, true>("Q2_K", PS_SIMD(k_q2_K));
+static constexpr Kernels kt_q3_K = kernels256<block_q3_K, ints_q3_K, 16, false>("Q3_K", PS_SIMD(k_q3_K));
+static constexpr Kernels kt_q4_K = kernels256<block_q4_K, ints_k4<block_q4_K, codes_q4_K>, 32, true>("Q4_K", nullptr);
+static constexpr Kernels kt_q5_K = kernels256<block_q5_K, ints_k4<block_q5_K, codes_q5_K>, 32, true>("Q5_K", nullptr);
+static constexpr Kernels kt_q6_K = kernels256<block_q6_K, ints_q6_K, 16, false>("Q6_K", nullptr);
+static constexpr Kernels kt_iq4_xs = kernels256<block_iq4_xs, ints_iq4_xs, 32, false>("IQ4_XS", PS_SIMD(k_iq4_xs));
+static constexpr Kernels kt_iq3_s = kernels256<block_iq3_s, ints_iq3_s, 32, false>("IQ3_S", PS_SIMD(k_iq3_s));
 
 static const Kernels* kernels(uint32_t type) {
   switch ((GGMLType)type) {
