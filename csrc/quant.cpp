@@ -939,6 +939,30 @@ const TypeTraits* type_traits(uint32_t type) {
   return k ? &k->tt : nullptr;
 }
 
+const char* ggml_type_name(uint32_t type) {
+  if (const TypeTraits* tt = type_traits(type)) return tt->name;
+  switch (type) {  // the rest of gguf-py's GGMLQuantizationType
+    case 9: return "Q8_1";
+    case 15: return "Q8_K";
+    case 16: return "IQ2_XXS";
+    case 17: return "IQ2_XS";
+    case 18: return "IQ3_XXS";
+    case 19: return "IQ1_S";
+    case 22: return "IQ2_S";
+    case 24: return "I8";
+    case 25: return "I16";
+    case 26: return "I32";
+    case 27: return "I64";
+    case 28: return "F64";
+    case 29: return "IQ1_M";
+    case 34: return "TQ1_0";
+    case 35: return "TQ2_0";
+    case 40: return "NVFP4";
+    case 41: return "Q1_0";
+    default: return nullptr;
+  }
+}
+
 size_t row_size(GGMLType t, int64_t n) {
   const TypeTraits& tt = kernels_or_throw(t).tt;
   if (n < 0 || n % tt.block_size)

@@ -75,6 +75,9 @@ struct TypeTraits {
 
 // Traits of a supported type, or nullptr for an unknown / unsupported id (callers raise with context).
 const TypeTraits* type_traits(uint32_t type);
+// The name of any GGML type id gguf-py knows, supported here or not (for the errors about the others), or
+// nullptr.
+const char* ggml_type_name(uint32_t type);
 // Bytes of a row of n elements. Throws std::invalid_argument if n is not a multiple of the block size.
 size_t row_size(GGMLType t, int64_t n);
 // Bytes of an activation row of n elements in format f (n a multiple of that format's block).

@@ -107,11 +107,11 @@ def test_prompt_logits_match_reference(model_dir, arch, qtype, kw):
         _compare(eng.prompt_logits(toks), ref, max_tol, mean_tol, f"{name} T={n}")
 
 
-@pytest.mark.parametrize("type_id", [16, 35])  # IQ2_XXS, TQ2_0: real GGML types the engine lacks
-def test_unsupported_tensor_type_is_a_clear_error(tmp_path, type_id):
+@pytest.mark.parametrize("type_id,name", [(16, "IQ2_XXS"), (35, "TQ2_0")])  # real GGML types the engine lacks
+def test_unsupported_tensor_type_is_a_clear_error(tmp_path, type_id, name):
     path = tm.write_test_model(tmp_path / "m.gguf", "llama", qtype="Q8_0")
     tm.patch_tensor_type(path, "token_embd.weight", type_id)
-    with pytest.raises(_engine.GGUFError, match=f"token_embd.weight.*unsupported tensor type {type_id}"):
+    with pytest.raises(_engine.GGUFError, match=rf"token_embd.weight.*unsupported tensor type {type_id} \({name}\)"):
         _engine.Engine(str(path), n_threads=1)
 
 

@@ -98,10 +98,25 @@ def test_tensor_data_outside_file(tmp_path, valid):
     expect_error(patched(tmp_path, data), "'second'", "outside the file")
 
 
-@pytest.mark.parametrize("type_id", [99, int(gguf.GGMLQuantizationType.IQ2_XXS), int(gguf.GGMLQuantizationType.Q8_K)])
+def _engine_lacks(t) -> bool:
+    try:
+        _engine.testing.type_info(int(t))
+        return False
+    except ValueError:
+        return True
+
+
+# every GGML type gguf-py knows that the engine does not support, and two ids no GGML type has
+UNSUPPORTED_IDS = [int(t) for t in gguf.GGMLQuantizationType if _engine_lacks(t)] + [4, 99]
+
+
+@pytest.mark.parametrize("type_id", UNSUPPORTED_IDS)
 def test_unknown_tensor_type(valid, type_id):
+    """The error names the tensor, the type id and, for a real GGML type the engine lacks, its name."""
     patch_tensor_type(valid, TENSOR, type_id)
-    expect_error(valid, TENSOR, f"unsupported tensor type {type_id}", "offset")
+    known = {t.value: t.name for t in gguf.GGMLQuantizationType}.get(type_id)
+    want = f"unsupported tensor type {type_id}" + (f" ({known})" if known else " at")
+    expect_error(valid, TENSOR, want, "offset")
 
 
 @pytest.mark.parametrize("dims", [(1 << 62, 1 << 62), (0, 2), (1 << 63, 1)])
