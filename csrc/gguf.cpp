@@ -266,7 +266,11 @@ void GGUFFile::parse() {
     }
     uint32_t type = r.read<uint32_t>("tensor type");
     const TypeTraits* tt = type_traits(type);
-    if (!tt) fail("tensor '" + t.name + "': unsupported tensor type " + std::to_string(type) + " at offset " + std::to_string(at));
+    if (!tt) {
+      const char* known = ggml_type_name(type);  // a real GGML type this engine lacks: say which
+      fail("tensor '" + t.name + "': unsupported tensor type " + std::to_string(type) +
+           (known ? std::string(" (") + known + ")" : std::string()) + " at offset " + std::to_string(at));
+    }
     t.type = (GGMLType)type;
     t.offset = r.read<uint64_t>("tensor offset");
     if (t.ne[0] % tt->block_size)

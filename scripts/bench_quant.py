@@ -1,7 +1,8 @@
 """Micro-benchmark of the dot-product kernels the engine's matmul runs: ns per row-dot of the scalar
 reference and of the engine's path (the packed kernels of packed.h for Q4_0 … Q6_K, quant.cpp's per-row
 kernels for the other types) at 1 and 32 columns, then the packed matmul in GMAC/s per thread at 1 / 8 /
-16 columns against the scalar reference, and one packed matrix-vector product streamed from memory.
+16 columns against the scalar reference, a 4096-wide matrix-vector product streamed from memory for Q4_K
+and the 4-bit-and-smaller per-row types (GB/s of weight bytes), and one packed Q8_0 matrix-vector product.
 
 The Python bindings quantize the activation on every call, which would swamp a 100 ns kernel, so this
 script compiles a small C++ driver against csrc/quant.cpp (same flags as the engine: -O3 -march=native)
@@ -47,6 +48,9 @@ static std::vector<uint8_t> rand_rows(GGMLType t, int64_t n, int rows) {
       case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K:
         put(b, 0.01f * u(rng)); put(b + 2, 0.01f * u(rng)); break;
       case GGMLType::Q6_K: put(b + 208, 0.01f * u(rng)); break;
+      case GGMLType::Q2_K: put(b + 80, 0.01f * u(rng)); put(b + 82, 0.01f * u(rng)); break;
+      case GGMLType::Q3_K: put(b + 108, 0.01f * u(rng)); break;
+      case GGMLType::MXFP4: b[0] = (uint8_t)(118 + rng() % 12); break;  // E8M0 scale 2^-10 .. 2^1
       default: put(b, 0.01f * u(rng)); break;
     }
   }
@@ -103,12 +107,15 @@ int main(int argc, char** argv) {
   const T types[] = {{GGMLType::Q8_0, "Q8_0"}, {GGMLType::Q5_0, "Q5_0"}, {GGMLType::Q4_K, "Q4_K"},
                      {GGMLType::Q6_K, "Q6_K"}, {GGMLType::Q4_0, "Q4_0"}, {GGMLType::Q4_1, "Q4_1"},
                      {GGMLType::Q5_1, "Q5_1"}, {GGMLType::Q5_K, "Q5_K"}, {GGMLType::F16, "F16"},
-                     {GGMLType::F32, "F32"}};
+                     {GGMLType::F32, "F32"}, {GGMLType::IQ4_NL, "IQ4_NL"}, {GGMLType::MXFP4, "MXFP4"},
+                     {GGMLType::Q2_K, "Q2_K"}, {GGMLType::Q3_K, "Q3_K"}, {GGMLType::IQ4_XS, "IQ4_XS"},
+                     {GGMLType::IQ3_S, "IQ3_S"}};
   const int ROWS = 32, COLS = 32;  // weights stay in L2: compute-bound figures
   volatile float sink = 0;
   std::printf("ns per row-dot, %d rows in cache: the scalar reference, and the engine's path (packed: packed.h; "
               "rows: per-row kernels) at 1 and %d activation columns\n", ROWS, COLS);
-  std::printf("%-5s %5s %6s %9s %9s %9s %7s %9s\n", "type", "n", "path", "ref", "1 col", "32 cols", "x(ref)", "GMAC/s");
+  std::printf("%-6s %5s %6s %9s %9s %9s %7s %9s %9s\n", "type", "n", "path", "ref", "1 col", "32 cols", "x(ref)",
+              "GMAC/s", "GB/s 1col");
   for (const T& ty : types) {
     for (int64_t n : {640, 1024, 2048}) {
       if (n % type_traits((uint32_t)ty.t)->block_size) continue;
@@ -119,7 +126,8 @@ int main(int argc, char** argv) {
       double s = time_ns([&] { w.product(act.data(), 1, out.data()); sink = out[0]; }, ms) / ROWS;
       double c = time_ns([&] { w.product(act.data(), COLS, out.data()); sink = out[0]; }, ms) / (ROWS * COLS);
       const char* path = w.packed ? "packed" : PS_AVX2 ? "rows" : "ref";
-      std::printf("%-5s %5lld %6s %9.1f %9.1f %9.1f %7.1f %9.1f\n", ty.name, (long long)n, path, r, s, c, r / c, n / c);
+      std::printf("%-6s %5lld %6s %9.1f %9.1f %9.1f %7.1f %9.1f %9.1f\n", ty.name, (long long)n, path, r, s, c, r / c,
+                  n / c, w.rs / s);
     }
   }
   // The packed matmul at decode (T = 1) and batched (8, 16 columns) shapes, against the scalar reference
@@ -143,6 +151,20 @@ int main(int argc, char** argv) {
                     ref_gmacs, b, b / ref_gmacs);
       }
     }
+  }
+  // Decode shape: a 4096-wide matrix-vector product streamed from memory (Q4_K packed, the 4-bit and smaller
+  // types through their per-row kernels), in GB/s of the file's weight bytes. 32768 rows: 48 to 75 MB, above
+  // a 32 MB L3.
+  std::printf("\nmatrix-vector from DRAM, 1 thread, %d rows x 4096: GB/s of weight bytes\n", quick ? 4096 : 32768);
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::IQ4_NL, GGMLType::MXFP4, GGMLType::Q2_K, GGMLType::Q3_K,
+                     GGMLType::IQ4_XS, GGMLType::IQ3_S}) {
+    const int64_t n = 4096, rows = quick ? 4096 : 32768;
+    const Rows w(t, n, rows);
+    const auto act = w.activations(1);
+    std::vector<float> out(rows);
+    const double tm = time_ns([&] { w.product(act.data(), 1, out.data()); sink = out[0]; }, quick ? 0.2 : 1.0);
+    std::printf("%-6s %6s %8.2f ms %7.1f GB/s %7.1f GMAC/s\n", type_traits((uint32_t)t)->name,
+                w.packed ? "packed" : PS_AVX2 ? "rows" : "ref", tm / 1e6, rows * w.rs / tm, (double)rows * n / tm);
   }
   // Decode shape: the whole packed Q8_0 output matrix (262144 x 640, 178 MB) streamed from memory per token.
   if (packable(GGMLType::Q8_0)) {

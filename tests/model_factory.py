@@ -10,7 +10,7 @@ that the activations stay of order 1, and a tiny byte-level BPE tokenizer (token
 the control tokens ``<s>`` (BOS) and ``</s>`` (EOS)), so the whole pipeline can load it.
 
 Sizes: with 32-element quants (or F32/F16/BF16) n_embd 64, head_dim 16 (gemma3: 32, so that
-n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with K-quants (256-element blocks)
+n_head*head_dim != n_embd as in the real Gemma 3), n_ff 128; with 256-element blocks (K-quants, IQ4_XS, IQ3_S)
 n_embd 256, head_dim 64 (gemma3: 128), n_ff 512. Always 4 heads and 2 KV heads. Layers: llama/qwen2
 2, smollm3 4 (the 4th position-free), qwen3 and qwen3moe 2 (head_dim 32 / 128: n_head * head_dim != n_embd),
 gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's fixed pattern 6), gemma2 4
@@ -30,16 +30,19 @@ softmax over the chosen), norm (expert_weights_norm; absent: the arch's default)
 seldom near a tie that rounding could swap.
 
 qtype: a type name for every 2-D weight ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-"Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "mixed" (a Q4_K_M-like mix like the real Gemma 3
+"Q8_0", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S"), "mixed" (a Q4_K_M-like mix like the real Gemma 3
 file: attn_q/attn_k/ffn_gate/ffn_up Q5_0, attn_v and token_embd Q8_0, attn_output Q4_K, ffn_down and
 output Q6_K), or a dict {"default": type, "attn_q": type, "token_embd": type, ...} keyed by the tensor
 name's role. Norms, biases and rope_freqs stay F32 (as llama.cpp's quantizer leaves them).
-gguf-py cannot quantize to K-quants; the encoders below write valid blocks (simple, not llama.cpp's
-optimal search) that gguf's dequantize (and so ggml) reads back within the format's precision.
+gguf-py cannot quantize to K-quants, IQ4_NL, IQ4_XS or IQ3_S; the encoders below write valid blocks
+(simple, not llama.cpp's optimal search) that gguf's dequantize (and so ggml) reads back within the
+format's precision.
 """
 from __future__ import annotations
 
+import functools
 import os
+import struct
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -58,9 +61,10 @@ GEMMAS = ("gemma2", "gemma3")
 MOE_ARCHS = ("qwen3moe", "glm4moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_32 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+BLOCK_256 = K_QUANTS + ("IQ4_XS", "IQ3_S")      # super-blocks of 256 elements
+BLOCK_32 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4")
 FLOAT_TYPES = ("F32", "F16", "BF16")
-ALL_QTYPES = FLOAT_TYPES + BLOCK_32 + K_QUANTS
+ALL_QTYPES = FLOAT_TYPES + BLOCK_32 + BLOCK_256
 
 MIXED = {"default": "Q5_0", "attn_q": "Q5_0", "attn_k": "Q5_0", "ffn_gate": "Q5_0", "ffn_up": "Q5_0",
          "attn_v": "Q8_0", "token_embd": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K",
@@ -68,11 +72,12 @@ MIXED = {"default": "Q5_0", "attn_q": "Q5_0", "attn_k": "Q5_0", "ffn_gate": "Q5_
 
 # general.file_type (llama_ftype) for a uniform qtype
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+              "IQ4_NL": 25, "IQ3_S": 26, "IQ4_XS": 30, "MXFP4": 38,
               "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32, "mixed": 15}
 
 
 # --------------------------------------------------------------------------------------------------
-# K-quant encoders (the inverse of gguf.quants' dequantize_blocks layouts)
+# encoders of the types gguf-py cannot quantize (the inverse of gguf.quants' dequantize_blocks layouts)
 # --------------------------------------------------------------------------------------------------
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -166,16 +171,26 @@ def quantize_q2_k(blocks: np.ndarray) -> np.ndarray:
                            dmin16.view(np.uint8).reshape(nb, 2)], axis=1)
 
 
-def quantize_q3_k(blocks: np.ndarray) -> np.ndarray:
-    nb = blocks.shape[0]
-    x = blocks.reshape(nb, 16, 16)
-    imax = np.abs(x).argmax(axis=2)
-    vmax = np.take_along_axis(x, imax[..., None], axis=2)[..., 0]
-    scale = -vmax / 4.0                                   # the largest |x| maps to -4
+def _extreme_over(x: np.ndarray, level: float) -> np.ndarray:
+    """Per row of the last axis: the scale that maps the value of largest magnitude to `level`."""
+    imax = np.abs(x).argmax(axis=-1)
+    return np.take_along_axis(x, imax[..., None], axis=-1)[..., 0] / level
+
+
+def _sub_scales(x: np.ndarray, level: float):
+    """(nb, n_sub, sub) -> fp16 d, 6-bit signed sub-block scales ls (-32..31) with d*ls ~ the scale that maps
+    each sub-block's extreme to `level`, and the effective scales d*ls [nb, n_sub, 1] (Q3_K, IQ4_XS)."""
+    scale = _extreme_over(x, level)
     d16 = _f16(np.abs(scale).max(axis=1) / 31.0)
     d = d16.astype(np.float32)
     ls = np.clip(np.round(_safe_div(scale, d[:, None])), -32, 31).astype(np.int64)
-    eff = (d[:, None] * ls)[..., None]
+    return d16, ls, (d[:, None] * ls)[..., None]
+
+
+def quantize_q3_k(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    x = blocks.reshape(nb, 16, 16)
+    d16, ls, eff = _sub_scales(x, -4.0)                    # the largest |x| maps to -4
     qv = np.clip(np.round(_safe_div(x, eff)), -4, 3).astype(np.int64).reshape(nb, 256)
     u = qv + 4                                            # 0..7: low 2 bits in qs, bit 2 in hmask
     hbit = (u >> 2).reshape(nb, 8, 32)
@@ -190,20 +205,85 @@ def quantize_q3_k(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([hmask, _crumbs(u & 3), scales, d16.view(np.uint8).reshape(nb, 2)], axis=1)
 
 
-_K_ENCODERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k,
-               "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
+# ---- codebook types (IQ4_NL, IQ4_XS, IQ3_S); gguf-py quantizes MXFP4 itself
+
+IQ4_LEVELS = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)
+
+
+def _nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Index of the level nearest to each x."""
+    return np.abs(x[..., None] - levels).argmin(axis=-1)
+
+
+def _nibbles_32(q: np.ndarray) -> np.ndarray:
+    """(..., 32) 4-bit codes -> (..., 16) bytes: elements 0..15 in the low nibbles, 16..31 in the high."""
+    return (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+
+
+def quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    d16 = _f16(_extreme_over(blocks, -127.0))
+    q = _nearest(_safe_div(blocks, d16.astype(np.float32)[:, None]), IQ4_LEVELS)
+    return np.concatenate([d16.view(np.uint8).reshape(nb, 2), _nibbles_32(q)], axis=1)
+
+
+def quantize_iq4_xs(blocks: np.ndarray) -> np.ndarray:
+    nb = blocks.shape[0]
+    x = blocks.reshape(nb, 8, 32)
+    d16, ls, eff = _sub_scales(x, -127.0)
+    q = _nearest(_safe_div(x, eff), IQ4_LEVELS)
+    s = ls + 32                                            # 6 bits: low 4 in scales_l, high 2 in scales_h
+    scales_l = ((s[:, 0::2] & 15) | ((s[:, 1::2] & 15) << 4)).astype(np.uint8)
+    scales_h = sum(((s[:, j] >> 4) & 3) << (2 * j) for j in range(8)).astype(np.uint16)
+    return np.concatenate([d16.view(np.uint8).reshape(nb, 2), scales_h.view(np.uint8).reshape(nb, 2), scales_l,
+                           _nibbles_32(q).reshape(nb, 128)], axis=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _iq3s_nearest() -> np.ndarray:
+    """For each 4 odd magnitudes (1..15, 3 bits each: key = sum of (m_c - 1) / 2 << 3c) the nearest of
+    IQ3_S's 512 grid points."""
+    gguf.quants.IQ3_S.init_grid()
+    grid = np.asarray(gguf.quants.IQ3_S.grid, dtype=np.float32).reshape(512, 4)
+    keys = np.arange(4096)
+    tuples = np.stack([2 * ((keys >> (3 * c)) & 7) + 1 for c in range(4)], axis=1).astype(np.float32)
+    return ((tuples[:, None, :] - grid[None]) ** 2).sum(axis=2).argmin(axis=1)
+
+
+def quantize_iq3_s(blocks: np.ndarray) -> np.ndarray:
+    """Sub-block factor 1 + 2s (s 0..15) maps each sub-block's largest magnitude to 15; each 4 magnitudes,
+    rounded to odd values, take the grid point nearest to those; signs from the values."""
+    nb = blocks.shape[0]
+    x = blocks.reshape(nb, 8, 32)
+    scale = np.abs(x).max(axis=2) / 15.0
+    d16 = _f16(scale.max(axis=1) / 31.0)
+    d = d16.astype(np.float32)
+    s = np.clip(np.round((_safe_div(scale, d[:, None]) - 1) / 2), 0, 15).astype(np.int64)
+    mag = _safe_div(np.abs(x), (d[:, None] * (1 + 2 * s))[..., None]).reshape(nb, 64, 4)
+    odd = np.clip(np.round((mag - 1) / 2), 0, 7).astype(np.int64)
+    idx = _iq3s_nearest()[sum(odd[..., c] << (3 * c) for c in range(4))]          # (nb, 64)
+    qh = sum(((idx[:, j::8] >> 8) & 1) << j for j in range(8)).astype(np.uint8)   # bit i%8 of byte i/8
+    neg = (x.reshape(nb, 32, 8) < 0).astype(np.int64)
+    signs = sum(neg[:, :, j] << j for j in range(8)).astype(np.uint8)
+    scales = (s[:, 0::2] | (s[:, 1::2] << 4)).astype(np.uint8)
+    return np.concatenate([d16.view(np.uint8).reshape(nb, 2), (idx & 255).astype(np.uint8), qh, signs, scales],
+                          axis=1)
+
+
+_ENCODERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
+             "Q6_K": quantize_q6_k, "IQ4_XS": quantize_iq4_xs, "IQ3_S": quantize_iq3_s, "IQ4_NL": quantize_iq4_nl}
 
 
 def quantize(data: np.ndarray, qtype: str) -> np.ndarray:
     """data [..., n] float -> the GGUF storage array of that type (uint8 blocks, or f32/f16)."""
     data = np.ascontiguousarray(data, dtype=np.float32)
-    if qtype in _K_ENCODERS:
-        if data.shape[-1] % QK_K:
-            raise ValueError(f"{qtype} needs rows that are a multiple of {QK_K}, got {data.shape}")
-        blocks = data.reshape(-1, QK_K)
-        out = _K_ENCODERS[qtype](blocks)
-        assert out.dtype == np.uint8 and out.shape[1] == gguf.GGML_QUANT_SIZES[QT[qtype]][1]
-        return out.reshape(*data.shape[:-1], data.shape[-1] // QK_K * out.shape[1])
+    if qtype in _ENCODERS:
+        block, size = gguf.GGML_QUANT_SIZES[QT[qtype]]
+        if data.shape[-1] % block:
+            raise ValueError(f"{qtype} needs rows that are a multiple of {block}, got {data.shape}")
+        out = _ENCODERS[qtype](data.reshape(-1, block))
+        assert out.dtype == np.uint8 and out.shape[1] == size
+        return out.reshape(*data.shape[:-1], data.shape[-1] // block * size)
     return gguf.quants.quantize(data, QT[qtype])
 
 
@@ -266,7 +346,7 @@ def _all_qtypes(qtype: Any) -> set[str]:
 
 def default_dims(arch: str, qtype: Any) -> dict:
     """The model's sizes for an arch and qtype (see the module doc)."""
-    kq = bool(_all_qtypes(qtype) & set(K_QUANTS))
+    kq = bool(_all_qtypes(qtype) & set(BLOCK_256))
     d = dict(n_embd=256 if kq else 64, n_head=4, n_head_kv=2, head_dim=64 if kq else 16,
              n_ff=512 if kq else 128, n_layer=2, n_ctx=512, eps=1e-5, rope_base=10000.0)
     if arch == "glm4moe":  # GLM-4.5-Air's shape in small: half the head rotates, 1 dense + 2 MoE layers
@@ -302,7 +382,7 @@ def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
     unknown = set(moe or {}) - set(MOE_KEYS)
     if unknown:
         raise TypeError(f"unknown moe keys {unknown}")
-    kq = bool(_all_qtypes(qtype) & set(K_QUANTS))
+    kq = bool(_all_qtypes(qtype) & set(BLOCK_256))
     cfg = dict(n_expert=8, n_used=2, n_ff=256 if kq else 64, n_shared=0, dense_lead=0, gating=None, norm=None,
                scale=None, select_bias=False)
     if arch == "glm4moe":  # as the GLM-4.5 files: sigmoid routing with a choosing bias, one shared expert
@@ -551,7 +631,18 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
 
 
 __all__ = ["write_test_model", "default_dims", "moe_config", "MOE_ARCHS", "tokenizer_vocab", "bytes_to_unicode", "quantize",
-           "ARCHS", "ALL_QTYPES", "K_QUANTS", "BLOCK_32", "FLOAT_TYPES", "N_VOCAB", "MIXED"]
+           "ARCHS", "ALL_QTYPES", "K_QUANTS", "BLOCK_256", "BLOCK_32", "FLOAT_TYPES", "N_VOCAB", "MIXED"]
+
+
+def patch_tensor_type(path: str | os.PathLike, name: str, type_id: int) -> None:
+    """Rewrite the GGML type id of tensor ``name`` in a GGUF file's tensor table (in place), e.g. to a type
+    the engine does not support."""
+    data = bytearray(Path(path).read_bytes())
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.rindex(key) + len(key)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    Path(path).write_bytes(bytes(data))
 
 
 def write_all_types_gguf(path) -> Path:

@@ -498,8 +498,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
 # quantizes activations to 8 bits) may legitimately land from it.
 # --------------------------------------------------------------------------------------------------
 
-_Q8_0_DOT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"}  # vec_dot_type Q8_0 (Q4_1/Q5_1: Q8_1)
-_Q8_K_DOT = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}  # vec_dot_type Q8_K
+_Q8_0_DOT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4"}  # vec_dot_type Q8_0 (Q4_1/Q5_1: Q8_1)
+_Q8_K_DOT = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S"}  # vec_dot_type Q8_K
 
 GGML_NUMERICS = ("act", "kv", "gelu")
 PYSERVE_NUMERICS = ("act32", "kv16")

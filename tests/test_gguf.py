@@ -7,7 +7,7 @@ import pytest
 
 from pyserve import _engine
 
-from model_factory import write_all_types_gguf, write_test_model
+from model_factory import patch_tensor_type, write_all_types_gguf, write_test_model
 
 TENSOR = "blk.0.attn_q.weight"
 
@@ -98,11 +98,25 @@ def test_tensor_data_outside_file(tmp_path, valid):
     expect_error(patched(tmp_path, data), "'second'", "outside the file")
 
 
-def test_unknown_tensor_type(tmp_path, valid):
-    data = bytearray(valid.read_bytes())
-    at = tensor_info_at(data, TENSOR) + 4 + 2 * 8
-    struct.pack_into("<I", data, at, 99)
-    expect_error(patched(tmp_path, data), TENSOR, "unsupported tensor type 99", "offset")
+def _engine_lacks(t) -> bool:
+    try:
+        _engine.testing.type_info(int(t))
+        return False
+    except ValueError:
+        return True
+
+
+# every GGML type gguf-py knows that the engine does not support, and two ids no GGML type has
+UNSUPPORTED_IDS = [int(t) for t in gguf.GGMLQuantizationType if _engine_lacks(t)] + [4, 99]
+
+
+@pytest.mark.parametrize("type_id", UNSUPPORTED_IDS)
+def test_unknown_tensor_type(valid, type_id):
+    """The error names the tensor, the type id and, for a real GGML type the engine lacks, its name."""
+    patch_tensor_type(valid, TENSOR, type_id)
+    known = {t.value: t.name for t in gguf.GGMLQuantizationType}.get(type_id)
+    want = f"unsupported tensor type {type_id}" + (f" ({known})" if known else " at")
+    expect_error(valid, TENSOR, want, "offset")
 
 
 @pytest.mark.parametrize("dims", [(1 << 62, 1 << 62), (0, 2), (1 << 63, 1)])

@@ -222,7 +222,8 @@ def test_rope_freqs_only_for_llama(model_dir):
 
 # relative rms error bounds of quantize -> gguf dequantize on Gaussian data
 QERR = {"F32": 1e-7, "F16": 1e-3, "BF16": 5e-3, "Q8_0": 0.01, "Q5_0": 0.06, "Q5_1": 0.05, "Q4_0": 0.12,
-        "Q4_1": 0.1, "Q6_K": 0.03, "Q5_K": 0.05, "Q4_K": 0.1, "Q3_K": 0.2, "Q2_K": 0.4}
+        "Q4_1": 0.1, "Q6_K": 0.03, "Q5_K": 0.05, "Q4_K": 0.1, "Q3_K": 0.2, "Q2_K": 0.4, "IQ4_NL": 0.12,
+        "IQ4_XS": 0.12, "MXFP4": 0.15, "IQ3_S": 0.2}
 
 
 @pytest.mark.parametrize("qtype", tm.ALL_QTYPES)

@@ -21,10 +21,12 @@ import pytest
 
 from pyserve import _engine
 
+from model_factory import quantize
+
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-ACT_BLOCK = {t: (1 if t in (Q.F32, Q.F16, Q.BF16) else 256 if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32)
-             for t in TYPES}
+SUPER_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ3_S]  # 256-element blocks, Q8_K activations
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4] + SUPER_TYPES
+ACT_BLOCK = {t: (1 if t in (Q.F32, Q.F16, Q.BF16) else 256 if t in SUPER_TYPES else 32) for t in TYPES}
 DOT_RTOL = 1e-5
 SIZES = [256, 1024, 4096]
 
@@ -49,8 +51,15 @@ def _scales(rng, nb, positive=False):
     return s.astype(np.float16).view(np.uint8).reshape(nb, 2)
 
 
+# byte offsets of a block's fp16 scales (positive ones, as real quantizers write them for the types with a min)
+SCALE_AT = {Q.Q4_0: [0], Q.Q5_0: [0], Q.Q8_0: [0], Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.IQ3_S: [0], Q.Q4_1: [0, 2],
+            Q.Q5_1: [0, 2], Q.Q6_K: [208], Q.Q3_K: [108]}
+POSITIVE_SCALES_AT = {Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q2_K: [80, 82]}
+
+
 def rand_row(t, n, rng):
-    """Raw bytes of a random row of n elements: random bytes are valid blocks once the fp16 scales are sane."""
+    """Raw bytes of a random row of n elements: random bytes are valid blocks once the fp16 scales are sane
+    (MXFP4: its E8M0 exponent byte kept to scales 2^-30 .. 2^8, now and then the subnormal 2^-128, 2^-127)."""
     if t == Q.F32:
         return rng.normal(size=n).astype(np.float32).view(np.uint8)
     if t == Q.F16:
@@ -59,16 +68,13 @@ def rand_row(t, n, rng):
         return (rng.normal(size=n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     nb = n // block_size(t)
     raw = rng.integers(0, 256, size=(nb, type_size(t)), dtype=np.uint8)
-    if t in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
-        raw[:, 0:2] = _scales(rng, nb)
-    elif t in (Q.Q4_1, Q.Q5_1):
-        raw[:, 0:2] = _scales(rng, nb)
-        raw[:, 2:4] = _scales(rng, nb)
-    elif t in (Q.Q4_K, Q.Q5_K):
-        raw[:, 0:2] = _scales(rng, nb, positive=True)
-        raw[:, 2:4] = _scales(rng, nb, positive=True)
-    elif t == Q.Q6_K:
-        raw[:, 208:210] = _scales(rng, nb)
+    for at in SCALE_AT.get(t, []):
+        raw[:, at:at + 2] = _scales(rng, nb)
+    for at in POSITIVE_SCALES_AT.get(t, []):
+        raw[:, at:at + 2] = _scales(rng, nb, positive=True)
+    if t == Q.MXFP4:
+        raw[:, 0] = rng.integers(98, 137, nb)
+        raw[rng.random(nb) < 0.03, 0] = rng.integers(0, 2)
     return raw.reshape(-1)
 
 
@@ -111,7 +117,7 @@ def test_type_info():
         assert (info["block_size"], info["type_size"]) == gguf.GGML_QUANT_SIZES[t]
 
 
-@pytest.mark.parametrize("tid", [int(Q.Q8_1), int(Q.Q2_K), int(Q.Q3_K), int(Q.Q8_K), 4, 5, 16, 29, 99])
+@pytest.mark.parametrize("tid", [int(Q.Q8_1), int(Q.Q8_K), int(Q.IQ2_XXS), int(Q.IQ1_S), int(Q.TQ2_0), 4, 5, 29, 99])
 def test_unsupported_types_raise(tid):
     with pytest.raises(ValueError):
         _engine.testing.type_info(tid)
@@ -201,12 +207,13 @@ def test_float_types_odd_lengths(t):
         check_dots(t, rand_row(t, n, rng), rand_act(n, rng))
 
 
-@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
-def test_vec_dot_on_gguf_quantized_data(t):
-    """Blocks as a real quantizer makes them (gguf's python quantizers), incl. Q8_0's −127..127 range."""
+@pytest.mark.parametrize("t", [t for t in TYPES if t not in (Q.F32, Q.F16, Q.BF16)], ids=lambda t: t.name)
+def test_vec_dot_on_quantized_data(t):
+    """Blocks as a quantizer makes them (gguf's python quantizers, incl. Q8_0's −127..127 range; model_factory's
+    encoders for the types gguf cannot quantize), not random bytes."""
     rng = np.random.default_rng(9)
     w = rng.normal(size=2048).astype(np.float32)
-    raw = np.asarray(gguf.quants.quantize(w, t), dtype=np.uint8).reshape(-1)
+    raw = np.asarray(quantize(w, t.name), dtype=np.uint8).reshape(-1)
     check_dots(t, raw, rand_act(2048, rng))
 
 
