@@ -39,6 +39,7 @@ ArchSpec gemma2() {  // embeddings × sqrt(n_embd), GELU, post-norms, local/glob
   s.swa_window = 4096;
   s.attn_softcap = 50.f;
   s.final_softcap = 30.f;
+  s.swa_rope_scaled = true;
   return s;
 }
 
@@ -49,6 +50,7 @@ ArchSpec gemma3() {  // gemma2 with q/k norms, a 5:1 pattern, local RoPE base 10
   s.swa_window = 0;
   s.swa_rope_base = 10000.f;
   s.attn_softcap = s.final_softcap = 0.f;
+  s.swa_rope_scaled = false;
   return s;
 }
 
@@ -56,6 +58,19 @@ ArchSpec olmo2() {  // no pre-norms: post-norms only; q and k normed over the wh
   ArchSpec s = based(qwen2(), "olmo2");
   s.pre_norms = false;
   s.post_norms = s.qk_norm = s.qk_norm_full = true;
+  return s;
+}
+
+// gpt-oss: q/k/v and output biases, attention sinks (tensors), even layers local (the window from the file),
+// YaRN on every layer, the FFN's norm named post_attention_norm; MoE with router and expert biases, chosen by
+// logit and weighted by a softmax over the chosen, the experts' clamped SwiGLU
+ArchSpec gpt_oss() {
+  ArchSpec s = based(qwen2(), "gpt-oss");
+  s.sliding_window = s.swa_rope_scaled = s.moe_oai_glu = true;
+  s.swa_pattern = 2;
+  s.ffn_norm = "post_attention_norm";
+  s.moe_norm = false;
+  s.moe_gating = Gating::SoftmaxWeight;
   return s;
 }
 
@@ -76,7 +91,7 @@ ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN
 
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
-      gemma2(), gemma3(), glm4moe(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
+      gemma2(), gemma3(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
       based(qwen3(), "qwen3moe"), smollm3()};
   return all;
 }
@@ -100,7 +115,7 @@ int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, co
 // expert width of its own: its experts are feed_forward_length wide.
 MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec, int n_ff, int n_layer) {
   MoeParams m;
-  const int64_t zero = 0, softmax = (int64_t)Gating::Softmax, norm = spec.moe_norm, ff = n_ff;
+  const int64_t zero = 0, gating = (int64_t)spec.moe_gating, norm = spec.moe_norm, ff = n_ff;
   m.n_expert = ranged(f, a + "expert_count", 0, 1 << 12, &zero);
   if (m.n_expert == 0) return m;
   m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
@@ -108,7 +123,8 @@ MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec
   const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &zero), ff_exp = m.n_ff;
   m.n_ff_shared = (int)n_shared * ranged(f, a + "expert_shared_feed_forward_length", 1, MAX_DIM, &ff_exp);
   m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
-  m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &softmax);
+  m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &gating);
+  m.oai_glu = spec.moe_oai_glu;
   m.norm_weights = ranged(f, a + "expert_weights_norm", 0, 1, &norm) != 0;
   const double scale = f.get_float(a + "expert_weights_scale", 1.0);
   m.weights_scale = scale == 0.0 ? 1.0f : (float)scale;  // llama.cpp: 0 means unscaled

@@ -2,7 +2,7 @@
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
 // Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
-// TinyLlama), mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
+// TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
 // it (linear, YaRN, LongRoPE factors), for any of them.
 #pragma once
@@ -39,7 +39,10 @@ struct ArchSpec {
   float attn_softcap = 0.f;     // scores → c·tanh(s / c) unless the file says (gemma2: 50; 0 = none)
   float final_softcap = 0.f;    // logits → c·tanh(l / c) unless the file says (gemma2: 30)
   int no_rope_step = 0;         // > 0: every no_rope_step-th layer applies no RoPE (smollm3: 4, llama.cpp's constant)
+  bool swa_rope_scaled = false; // local layers' RoPE stretched as the global ones (gemma2, gpt-oss; gemma3: never)
   bool moe_norm = true;         // MoE: renormalise the chosen experts' weights unless the file says
+  Gating moe_gating = Gating::Softmax;  // MoE routing unless the file says (gpt-oss: softmax over the chosen)
+  bool moe_oai_glu = false;     // MoE experts' clamped SwiGLU (gpt-oss) rather than SiLU(gate) · up
   const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
@@ -59,7 +62,7 @@ struct HParams {
   int n_ctx_train = 0;   // context length the model was trained for
   float eps = 1e-6f;     // RMS norm epsilon
   float rope_base = 10000.f, rope_base_local = 10000.f;
-  RopeScaling rope_scaling;  // the global layers' (local layers are never stretched)
+  RopeScaling rope_scaling;  // the global layers' (and the local ones' where ArchSpec::swa_rope_scaled)
   int rope_dim = 0;
   int n_swa = 0;         // sliding window (tokens), 0 = none
   int swa_pattern = 0;   // every swa_pattern-th layer is global (gemma3: 6)

@@ -99,6 +99,8 @@ void Model::load_weights() {
     L.bq = vec(p + "attn_q.bias", qd, true);
     L.bk = vec(p + "attn_k.bias", kvd, true);
     L.bv = vec(p + "attn_v.bias", kvd, true);
+    L.bo = vec(p + "attn_output.bias", E, true);
+    L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
     if (hp_.moe.moe_layer(il)) {
       load_moe(il, L.moe);
     } else {
@@ -128,7 +130,8 @@ void Model::set_context(int n_ctx) {
                                 : n_ctx > hp_.rope_scaling.n_ctx_orig && !rope_long_.empty() ? rope_long_ : rope_short_;
   const float* ff = f.empty() ? nullptr : f.data();
   rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_scaling, ff);
-  rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, RopeScaling{}, ff);
+  const RopeScaling local = spec_->swa_rope_scaled ? hp_.rope_scaling : RopeScaling{};
+  rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, local, ff);
 }
 
 // Rows [r0, r0 + n) of a matrix: one part of a fused tensor, read in place.
@@ -167,14 +170,18 @@ void Model::load_gate_up(const std::string& p, LayerWeights& L) {
   L.w_up = rows(fused, F, F);
 }
 
-// llama.cpp's tensor names: ffn_gate_inp (the router), ffn_{gate,up,down}_exps, exp_probs_b (the choosing
-// bias), ffn_{gate,up,down}_shexp.
+// llama.cpp's tensor names: ffn_gate_inp (the router, its bias), ffn_{gate,up,down}_exps (their biases),
+// exp_probs_b (the choosing bias), ffn_{gate,up,down}_shexp.
 void Model::load_moe(int il, MoeWeights& w) {
   const MoeParams& m = hp_.moe;
   const int E = hp_.n_embd;
   const std::string p = "blk." + std::to_string(il) + ".";
   w.router = weight(p + "ffn_gate_inp.weight", E, m.n_expert);
   w.select_bias = vec(p + "exp_probs_b.bias", m.n_expert, true);
+  w.router_bias = vec(p + "ffn_gate_inp.bias", m.n_expert, true);
+  w.gate_b = vec(p + "ffn_gate_exps.bias", (int64_t)m.n_expert * m.n_ff, true);
+  w.up_b = vec(p + "ffn_up_exps.bias", (int64_t)m.n_expert * m.n_ff, true);
+  w.down_b = vec(p + "ffn_down_exps.bias", (int64_t)m.n_expert * E, true);
   w.gate = experts(p + "ffn_gate_exps.weight", E, m.n_ff);
   w.up = experts(p + "ffn_up_exps.weight", E, m.n_ff);
   w.down = experts(p + "ffn_down_exps.weight", m.n_ff, E);
@@ -192,6 +199,14 @@ void softcap(float* x, size_t n, float c) {
   for (size_t i = 0; i < n; i++) x[i] = c * std::tanh(x[i] / c);
 }
 
+// s[j] = exp(s[j] - m) for a head's len scores; returns the softmax denominator. With an attention sink
+// (gpt-oss), its logit joins the max and the denominator but takes no value.
+float softmax_sum(float* s, int len, const float* sink) {
+  float mx = *std::max_element(s, s + len);
+  if (sink) mx = std::max(mx, *sink);
+  return exp_shift_sum(s, len, mx) + (sink ? std::exp(*sink - mx) : 0.f);
+}
+
 void add_bias(float* y, const std::vector<float>& b) {
   for (size_t i = 0; i < b.size(); i++) y[i] += b[i];
 }
@@ -206,6 +221,7 @@ void grow(std::vector<float>& v, size_t n) {
 // A work item is (token, KV head): each cached K/V row is loaded once for all the query heads that share
 // it (GQA). Items go round-robin to threads, since later tokens of a prompt attend over more positions.
 void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
   const int T = (int)b.size(), hd = hp_.head_dim, kvd = hp_.kv_dim(), bs = kv.block_size();
   const int group = hp_.n_head / hp_.n_head_kv, qd = hp_.n_head * hd;
   const int window = hp_.is_local(il) ? hp_.n_swa : 0;
@@ -239,7 +255,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       float inv[64];  // 1 / softmax denominator per head of the group
       for (int h = 0; h < group; h++) {
         float* s = &sc[(size_t)h * len];
-        inv[h] = 1.0f / exp_shift_sum(s, len, *std::max_element(s, s + len));
+        inv[h] = 1.0f / softmax_sum(s, len, L.sinks.empty() ? nullptr : &L.sinks[g * group + h]);
       }
       for (int h = 0; h < group; h++)
         for (int j = 0; j < len; j++) sc[(size_t)h * len + j] *= inv[h];
@@ -284,6 +300,7 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   attention(il, b, kv, pool);
   act_invalidate(act_);
   matmul(pool, L.wo, attn_.data(), T, o_.data(), act_);
+  if (!L.bo.empty()) pool.parallel_for(T, [&](int64_t t) { add_bias(&o_[t * E], L.bo); }, INLINE_ROWS);
 
   pool.parallel_for(T, [&](int64_t t) {
     residual_add(&o_[t * E], L.post_attn_norm, &x_[t * E]);

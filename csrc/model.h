@@ -21,7 +21,8 @@ struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;                 // [n_embd] (pre_norms) or empty
   std::vector<float> q_norm, k_norm;                      // [head_dim] (or the whole q / k: qk_norm_full) or empty
   std::vector<float> post_attn_norm, post_ffn_norm;       // [n_embd] (post_norms) or empty
-  std::vector<float> bq, bk, bv;                          // [n_head*hd], [kv_dim], [kv_dim] or empty
+  std::vector<float> bq, bk, bv, bo;                      // [n_head*hd], [kv_dim], [kv_dim], [n_embd] or empty
+  std::vector<float> sinks;                               // [n_head] attention-sink logits (gpt-oss) or empty
   Weight wq, wk, wv, wo;                                  // [n_head*hd × n_embd], [kv_dim × n_embd] ×2, [n_embd × n_head*hd_v]
   Weight w_gate, w_up, w_down;                            // [n_ff × n_embd] ×2, [n_embd × n_ff] (dense layers)
   MoeWeights moe;                                         // MoE layers (hp.moe.moe_layer(il))

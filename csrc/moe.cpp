@@ -33,6 +33,22 @@ void softmax(const float* x, int n, float* y) {
 
 }  // namespace
 
+void swiglu_oai(float* g, const float* u, int64_t n) {
+  constexpr float alpha = 1.702f, limit = 7.0f;  // gpt-oss's constants (ggml_swiglu_oai)
+  for (int64_t i = 0; i < n; i++) {
+    const float x = std::min(g[i], limit), y = std::max(std::min(u[i], limit), -limit);
+    g[i] = x / (1.f + std::exp(-alpha * x)) * (y + 1.f);
+  }
+}
+
+void MoeFfn::add_expert_bias(ThreadPool& pool, const std::vector<float>& bias, float* y, int64_t width) const {
+  if (bias.empty()) return;
+  pool.parallel_for((int64_t)first_.size() - 1, [&](int64_t e) {
+    for (int64_t r = first_[e]; r < first_[e + 1]; r++)
+      for (int64_t i = 0; i < width; i++) y[r * width + i] += bias[e * width + i];
+  }, INLINE_ROWS);
+}
+
 void route(const MoeParams& p, const float* logits, const float* select_bias, int32_t* ids, float* w) {
   const int n = p.n_expert, k = p.n_used;
   thread_local std::vector<float> prob, score;  // [n_expert]: no allocation per token
@@ -100,7 +116,12 @@ void MoeFfn::run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights&
     jobs.push_back({&w.up[e], xu + r0 * su, su, n, &u_[r0 * F]});
   }
   matmul_jobs(pool, jobs);
-  pool.parallel_for(rows, [&](int64_t r) { silu_mul(&g_[r * F], &u_[r * F], F); }, INLINE_ROWS);
+  add_expert_bias(pool, w.gate_b, g_.data(), F);
+  add_expert_bias(pool, w.up_b, u_.data(), F);
+  pool.parallel_for(rows, [&](int64_t r) {
+    if (p.oai_glu) swiglu_oai(&g_[r * F], &u_[r * F], F);
+    else silu_mul(&g_[r * F], &u_[r * F], F);
+  }, INLINE_ROWS);
   const ActFormat fd = type_traits((uint32_t)w.down[0].type)->act;
   const size_t sd = act_row_size(fd, F);
   gq_.resize(sd * rows);
@@ -111,6 +132,7 @@ void MoeFfn::run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights&
     if (n > 0) jobs.push_back({&w.down[e], gq_.data() + r0 * sd, sd, n, &y_[r0 * E]});
   }
   matmul_jobs(pool, jobs);
+  add_expert_bias(pool, w.down_b, y_.data(), E);
 }
 
 // out[t] = Σ_k w[t, k] · y[row of (t, k)] in selection order (+ the shared experts' output).
@@ -135,6 +157,9 @@ void MoeFfn::forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, 
   grow(logits_, T * p.n_expert);
   act_invalidate(act);
   matmul(pool, w.router, h, T, logits_.data(), act);
+  if (!w.router_bias.empty())
+    for (int64_t t = 0; t < T; t++)
+      for (int e = 0; e < p.n_expert; e++) logits_[t * p.n_expert + e] += w.router_bias[e];
   ids_.resize(T * K);
   weights_.resize(T * K);
   const float* bias = w.select_bias.empty() ? nullptr : w.select_bias.data();

@@ -33,15 +33,21 @@ struct MoeParams {
   Gating gating = Gating::Softmax;
   bool norm_weights = false;  // the chosen weights renormalised to sum to 1
   float weights_scale = 1.f;  // then multiplied by this
+  bool oai_glu = false;       // the experts' activation: gpt-oss's clamped SwiGLU rather than SiLU(gate) · up
   bool moe_layer(int il) const { return n_expert > 0 && il >= n_dense_lead; }
 };
 
 struct MoeWeights {
   Weight router;                       // [n_expert × n_embd]
+  std::vector<float> router_bias;      // [n_expert] added to the router's logits (gpt-oss), or empty
   std::vector<float> select_bias;      // [n_expert] added to the scores for choosing only, or empty
+  std::vector<float> gate_b, up_b, down_b;  // [n_expert × n_ff] ×2, [n_expert × n_embd] expert biases, or empty
   std::vector<Weight> gate, up, down;  // [n_expert] each: [n_ff × n_embd], [n_ff × n_embd], [n_embd × n_ff]
   Weight sh_gate, sh_up, sh_down;      // shared experts (n_ff_shared > 0): as one dense SiLU FFN
 };
+
+// gpt-oss's expert activation: g = min(g, 7) · sigmoid(1.702 · min(g, 7)) · (clamp(u, −7, 7) + 1), n values in g.
+void swiglu_oai(float* g, const float* u, int64_t n);
 
 // One token's routing: from logits[n_expert] (and select_bias[n_expert] or null) the chosen experts
 // ids[n_used] in order of their score (best first; ties to the lower id) and their weights w[n_used].
@@ -58,6 +64,8 @@ class MoeFfn {
   const uint8_t* gathered(ThreadPool& pool, ActFormat f, const float* h, int64_t T, int64_t n, int which);
   void run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T);
   void combine(ThreadPool& pool, const MoeParams& p, int64_t T, int64_t E, float* out);
+  // y[rows of expert e] += bias[e] (bias [n_expert × width], or empty: nothing).
+  void add_expert_bias(ThreadPool& pool, const std::vector<float>& bias, float* y, int64_t width) const;
 
   std::vector<float> logits_;     // [T × n_expert] router logits
   std::vector<int32_t> ids_;      // [T × n_used] chosen experts

@@ -18,7 +18,9 @@ gemma3 6 (layers 0-4 sliding-window with window 8, layer 5 global: llama.cpp's f
 override), granite 2 (embedding_scale 4, residual_scale 0.5, logit_scale 2, attention.scale 0.1), olmo2 2
 (post-norms only, q/k normed over the whole projection), glm4moe 3 + a NextN block, mistral3 2 (YaRN x16 from
 an original context of 16, attention temperature 0.1), phi3 2 (fused attn_qkv and gate/up, 3/4 of each head
-rotated, LongRoPE factors with an original context of 256: the long ones at the default context). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
+rotated, LongRoPE factors with an original context of 256: the long ones at the default context), gpt-oss 2
+(layer 0 local over 8, YaRN x32 from 16 on both, q/k/v/output biases, attention sinks, 8 experts with router and
+expert biases, routed by a softmax over the chosen two, the clamped SwiGLU). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
 "original_context": n, "attn_factor": a, "log_mul": m}`` and ``attn_temperature=s`` apply to any arch.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
@@ -56,9 +58,9 @@ from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3", "phi3")
+         "mistral3", "phi3", "gpt-oss")
 GEMMAS = ("gemma2", "gemma3")
-MOE_ARCHS = ("qwen3moe", "glm4moe")  # always mixtures of experts (any other arch becomes one with moe={...})
+MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_256 = K_QUANTS + ("IQ4_XS", "IQ3_S")      # super-blocks of 256 elements
@@ -355,6 +357,9 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(eps=1e-6, rope_base=1000000.0)
     if arch == "smollm3":  # 4 layers: the last is position-free (llama.cpp's NoPE step 4)
         d.update(n_layer=4, rope_base=5000000.0)
+    if arch == "gpt-oss":  # gpt-oss-20b's shape in small: layer 0 local, YaRN x32 on every layer
+        d.update(head_dim=128 if kq else 32, rope_base=150000.0, sliding_window=8,
+                 rope_scaling={"type": "yarn", "factor": 32.0, "original_context": 16})
     if arch in ("qwen3", "qwen3moe"):  # n_head * head_dim != n_embd, as in the real Qwen3 files (0.6B: 16 x 128 vs 1024)
         d.update(head_dim=128 if kq else 32, eps=1e-6, rope_base=1000000.0)
     if arch == "gemma3":
@@ -372,7 +377,7 @@ def default_dims(arch: str, qtype: Any) -> dict:
     return d
 
 
-MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias")
+MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias", "biases")
 
 
 def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
@@ -384,9 +389,11 @@ def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
         raise TypeError(f"unknown moe keys {unknown}")
     kq = bool(_all_qtypes(qtype) & set(BLOCK_256))
     cfg = dict(n_expert=8, n_used=2, n_ff=256 if kq else 64, n_shared=0, dense_lead=0, gating=None, norm=None,
-               scale=None, select_bias=False)
+               scale=None, select_bias=False, biases=False)
     if arch == "glm4moe":  # as the GLM-4.5 files: sigmoid routing with a choosing bias, one shared expert
         cfg.update(n_shared=1, dense_lead=1, gating=2, norm=True, scale=2.5, select_bias=True)
+    if arch == "gpt-oss":  # router and expert biases (the routing kind is the architecture's: no key)
+        cfg.update(biases=True)
     cfg.update(moe or {})
     return cfg
 
@@ -404,6 +411,10 @@ def _add_experts(add, rng, p: str, n_embd: int, moe: dict) -> None:
     add(p + "ffn_down_exps.weight", experts(n_embd, f), "ffn_down_exps")
     if moe["select_bias"]:
         add(p + "exp_probs_b.bias", (0.3 * rng.standard_normal(n_exp)).astype(np.float32))
+    if moe["biases"]:  # gpt-oss: the router's and each expert's
+        add(p + "ffn_gate_inp.bias", (0.5 * rng.standard_normal(n_exp)).astype(np.float32))
+        for name, width in (("ffn_gate_exps", f), ("ffn_up_exps", f), ("ffn_down_exps", n_embd)):
+            add(p + name + ".bias", (0.3 * rng.standard_normal((n_exp, width))).astype(np.float32))
     if moe["n_shared"]:
         fs = moe["n_shared"] * f
         add(p + "ffn_gate_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_gate")
@@ -476,7 +487,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if rope_freqs and arch != "llama":
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:
-        biases = arch in ("qwen2", "glm4moe")
+        biases = arch in ("qwen2", "glm4moe", "gpt-oss")
     if biases and arch in ("gemma2", "gemma3", "qwen3", "qwen3moe"):
         raise ValueError(f"{arch} has no attention biases")
     for t in _all_qtypes(qtype):
@@ -538,10 +549,14 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
             add(p + "attn_q_norm.weight", norm(n_head * hd))
             add(p + "attn_k_norm.weight", norm(n_head_kv * hd))
         add(p + "attn_output.weight", mat(n_embd, n_head * hd), "attn_output")
+        if arch == "gpt-oss":  # the output's bias and a sink logit per head
+            add(p + "attn_output.bias", (0.3 * rng.standard_normal(n_embd)).astype(np.float32))
+            add(p + "attn_sinks.weight", (1.0 + rng.standard_normal(n_head)).astype(np.float32))
         if arch in GEMMAS + ("olmo2",):
             add(p + "post_attention_norm.weight", norm(n_embd))
         if arch != "olmo2":
-            add(p + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"), norm(n_embd))
+            ffn_norm = "post_attention_norm" if arch in ("glm4moe", "gpt-oss") else "ffn_norm"
+            add(p + ffn_norm + ".weight", norm(n_embd))
         if moe_cfg and il >= moe_cfg["dense_lead"]:
             _add_experts(add, rng, p, n_embd, moe_cfg)
         else:
@@ -595,7 +610,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_nextn_predict_layers(1)
     if moe_cfg:
         _write_moe_keys(w, moe_cfg)
-    if arch in GEMMAS and cfg.get("sliding_window"):
+    if (arch in GEMMAS or arch == "gpt-oss") and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)
     _write_rope_scaling(w, cfg)

@@ -57,7 +57,7 @@ ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-                   "mistral3", "phi3")
+                   "mistral3", "phi3", "gpt-oss")
 ROPE_NORM_ARCHS = ("llama", "smollm3", "granite", "mistral3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
@@ -113,6 +113,7 @@ class HParams:
     rope_mscale: float = 1.0        # cos and sin x this on the global layers (YaRN's magnitude, attn_factor)
     attn_temp_scale: float = 0.0    # q x 1 + s * ln(floor(pos / attn_temp_floor) + 1) (mistral3)
     attn_temp_floor: int = 1
+    swa_rope_scaled: bool = False   # local layers' RoPE stretched as the global ones (gemma2, gpt-oss)
     moe: "MoeHParams | None" = None
     extra: dict = field(default_factory=dict)
 
@@ -125,19 +126,23 @@ class MoeHParams:
     gating: int = 1         # 1 softmax, 2 sigmoid, 3 softmax over the chosen logits
     norm: bool = True       # renormalise the chosen weights
     scale: float = 1.0
+    oai_glu: bool = False   # gpt-oss's clamped SwiGLU in the experts
 
     def layer(self, il: int) -> bool:
         return il >= self.dense_lead
 
 
-def _read_moe(key) -> MoeHParams | None:
+def _read_moe(key, arch: str) -> MoeHParams | None:
+    """gpt-oss's graph routes by logit with a softmax over the chosen, unnormalised (no GGUF key says it)."""
     n_expert = int(key("expert_count", 0) or 0)
     if not n_expert:
         return None
     scale = float(key("expert_weights_scale", 0.0) or 0.0)
+    oss = arch == "gpt-oss"
     return MoeHParams(n_expert=n_expert, n_used=int(key("expert_used_count", required=True)),
-                      dense_lead=int(key("leading_dense_block_count", 0)), gating=int(key("expert_gating_func", 1)),
-                      norm=bool(key("expert_weights_norm", True)), scale=scale or 1.0)
+                      dense_lead=int(key("leading_dense_block_count", 0)),
+                      gating=int(key("expert_gating_func", 3 if oss else 1)),
+                      norm=bool(key("expert_weights_norm", not oss)), scale=scale or 1.0, oai_glu=oss)
 
 
 def read_hparams(reader: GGUFReader) -> HParams:
@@ -191,7 +196,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
         arch=arch, n_vocab=0, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
         n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v, eps=eps,
         rope_type=ROPE_NORM if arch in ROPE_NORM_ARCHS else ROPE_NEOX, n_rot=n_rot, rope_base=rope_base,
-        rope_freq_scale=rope_freq_scale, attn_scale=1.0 / math.sqrt(head_dim_k), moe=_read_moe(key),
+        rope_freq_scale=rope_freq_scale, attn_scale=1.0 / math.sqrt(head_dim_k), moe=_read_moe(key, arch),
     )
     f_attn_scale = key("attention.scale", None)
     if f_attn_scale:
@@ -208,6 +213,8 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp.attn_temp_floor = int(key("rope.scaling.original_context_length", key("context_length", 4096)))
     if arch == "gemma2":
         _read_gemma2(hp, key)
+    if arch == "gpt-oss":
+        _read_gpt_oss(hp, key)
     if arch == "olmo2":
         hp.pre_norms, hp.post_norms = False, True
     if arch == "gemma3":
@@ -260,6 +267,18 @@ def _read_multipliers(hp: HParams, key) -> None:
     hp.logit_mult = 1.0 / float(key("logit_scale", 1.0))
 
 
+def _read_gpt_oss(hp: HParams, key) -> None:
+    """gpt-oss (src/models/openai-moe.cpp): even layers local over attention.sliding_window, the global RoPE (and
+    its YaRN) on every layer; attention sinks, biases and the MoE come from the tensors."""
+    n_swa = int(key("attention.sliding_window", required=True))
+    local_base = float(key("rope.freq_base_swa", hp.rope_base))
+    for il in range(hp.n_layer):
+        if il % 2 == 0:
+            hp.layer_swa[il] = n_swa
+            hp.layer_rope_base[il] = local_base
+    hp.swa_rope_scaled = True
+
+
 def _read_gemma2(hp: HParams, key) -> None:
     """Gemma 2 (src/models/gemma2.cpp): embeddings x sqrt(n_embd), GELU, post-norms, even layers local
     (window 4096 unless given, the global RoPE base unless rope.freq_base_swa), attention scores soft-capped
@@ -272,6 +291,7 @@ def _read_gemma2(hp: HParams, key) -> None:
         if n_swa > 0 and pattern > 0 and (il + 1) % pattern != 0:
             hp.layer_swa[il] = n_swa
             hp.layer_rope_base[il] = local_base
+    hp.swa_rope_scaled = True
     hp.attn_softcap = float(key("attn_logit_softcapping", 50.0))
     hp.final_logit_softcap = float(key("final_logit_softcapping", 30.0))
 
@@ -471,9 +491,10 @@ def attention_mask(n_tokens: int, n_swa: int | None) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
-              softcap: float = 0.0) -> np.ndarray:
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv] -> [T, H*Dv]; query head h uses kv head
-    h // (H / Hkv) (GQA, as ggml's broadcast); scores soft-capped at +-softcap when given."""
+    h // (H / Hkv) (GQA, as ggml's broadcast); scores soft-capped at +-softcap when given; sinks [H]: a logit
+    per head that joins each softmax's denominator and takes no value (gpt-oss)."""
     T, H, _ = q.shape
     Hkv, Dv = k.shape[1], v.shape[2]
     group = H // Hkv
@@ -484,9 +505,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
         if softcap:
             s = softcap * np.tanh(s / softcap)
         s = np.where(mask, s, -np.inf)
-        s = s - s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
+        mx = s.max(axis=-1, keepdims=True) if sinks is None else np.maximum(s.max(axis=-1, keepdims=True), sinks[h])
+        p = np.exp(s - mx)
+        p /= p.sum(axis=-1, keepdims=True) + (0.0 if sinks is None else np.exp(sinks[h] - mx))
         out[:, h, :] = p @ v[:, g, :]
     return out.reshape(T, H * Dv)
 
@@ -565,6 +586,13 @@ def _emulation_flags(e) -> set:
     return flags
 
 
+def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """gpt-oss's expert activation (ggml_swiglu_oai): min(g, limit) * sigmoid(alpha * min(g, limit)) *
+    (clip(u, -limit, limit) + 1)."""
+    x = np.minimum(g, limit)
+    return x / (1.0 + np.exp(-alpha * x)) * (np.clip(u, -limit, limit) + 1.0)
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -605,9 +633,12 @@ def route_margin(moe: MoeHParams, logits: np.ndarray, select_bias: np.ndarray | 
 def moe_ffn(m: "RefModel", moe: MoeHParams, p: str, f: np.ndarray, qact, margins: list | None = None) -> np.ndarray:
     """The MoE block of the FFN-normed rows f [T, n_embd] in layer prefix p (margins: gets route_margin)."""
     def expert_mm(h, name, e):
-        return h @ m.weight(p + name + ".weight")[e].T.astype(h.dtype)
+        b = m.weight(p + name + ".bias", optional=True)
+        return h @ m.weight(p + name + ".weight")[e].T.astype(h.dtype) + (0.0 if b is None else b[e])
 
-    logits = linear(qact(f, p + "ffn_gate_inp.weight"), m.weight(p + "ffn_gate_inp.weight"))
+    glu = swiglu_oai if moe.oai_glu else (lambda g, u: silu(g) * u)
+    logits = linear(qact(f, p + "ffn_gate_inp.weight"), m.weight(p + "ffn_gate_inp.weight"),
+                    m.weight(p + "ffn_gate_inp.bias", optional=True))
     chosen, weights = route(moe, logits, m.weight(p + "exp_probs_b.bias", optional=True))
     if margins is not None:
         margins.append(route_margin(moe, logits, m.weight(p + "exp_probs_b.bias", optional=True)))
@@ -615,8 +646,8 @@ def moe_ffn(m: "RefModel", moe: MoeHParams, p: str, f: np.ndarray, qact, margins
     for e in np.unique(chosen):
         rows, slot = np.nonzero(chosen == e)
         h = f[rows]
-        g = silu(expert_mm(qact(h, p + "ffn_gate_exps.weight"), "ffn_gate_exps", e))
-        g = g * expert_mm(qact(h, p + "ffn_up_exps.weight"), "ffn_up_exps", e)
+        g = glu(expert_mm(qact(h, p + "ffn_gate_exps.weight"), "ffn_gate_exps", e),
+                expert_mm(qact(h, p + "ffn_up_exps.weight"), "ffn_up_exps", e))
         out[rows] += weights[rows, slot][:, None] * expert_mm(qact(g, p + "ffn_down_exps.weight"), "ffn_down_exps", e)
     if m.has(p + "ffn_gate_shexp.weight"):
         def sh(h, name):
@@ -721,7 +752,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
             q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
         ff = rope_factors if hp.rope_freqs else None
         if hp.layer_roped[il]:
-            scaled = hp.layer_swa[il] is None  # local layers are never stretched
+            scaled = hp.layer_swa[il] is None or hp.swa_rope_scaled
             yarn, ms = (hp.yarn, hp.rope_mscale) if scaled else (None, 1.0)
             q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
             k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
@@ -734,7 +765,8 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
             q, k, v = _f16(q * hp.attn_scale) / hp.attn_scale, _f16(k), _f16(v)
         elif "kv16" in emu:
             k, v = _f16(k), _f16(v)
-        a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale, hp.attn_softcap)
+        a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale, hp.attn_softcap,
+                      m.weight(p + "attn_sinks.weight", optional=True))
         tr(f"l{il}.attn_out", a)
         o = mm(a, p + "attn_output")
         if hp.post_norms:
@@ -743,7 +775,8 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         tr(f"l{il}.attn_resid", x)
 
         # ---- feed-forward ----
-        f = norm(x, p + ("post_attention_norm" if hp.arch == "glm4moe" else "ffn_norm") + ".weight") if hp.pre_norms else x
+        ffn_norm = "post_attention_norm" if hp.arch in ("glm4moe", "gpt-oss") else "ffn_norm"
+        f = norm(x, p + ffn_norm + ".weight") if hp.pre_norms else x
         if hp.moe is not None and hp.moe.layer(il):
             margins = [] if trace is not None else None
             f = moe_ffn(m, hp.moe, p, f, qact, margins)
