@@ -16,7 +16,7 @@ from pyserve.openai.tool_parsers import detect_tool_parser, get_tool_parser, ren
 from test_chat_template import CASES, TEMPLATE_ERROR
 
 TOOL_CASES = [c for c in CASES if c["tools"] is not None or any("tool_calls" in m for m in c["messages"])]
-ROUNDTRIPS = [c for c in CASES if c["case"].endswith("/f_tools_roundtrip")]
+ROUNDTRIPS = [c for c in CASES if "/f_tools_roundtrip" in c["case"]]
 TEMPLATES = {c["family"]: c["template"] for c in CASES}
 
 # family → parser (None: the template renders no tools, so the polyfill applies)
@@ -25,8 +25,13 @@ EXPECTED_PARSER = {
     "qwen3": "hermes", "mistral-nemo-instruct-2407": "mistral", "granite-3.3-instruct": "granite",
     "gemma-3-it": None, "phi-3.5-mini-instruct": None, "smollm2-instruct": None, "chatml": None,
     "deepseek-r1-distill-qwen": None,  # it renders tool calls in history but never the tool list
+    "glm-4.6": "glm45", "glm-4.7-flash": "glm45", "qwen3-coder": "qwen3_coder", "qwen3.5": "qwen3_coder",
 }
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>")
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<|observation|>", "<|user|>")
+# what the template writes before a call in the assistant turn: content to a tool parser (an empty reasoning
+# block, a reasoning parser's to split off)
+CONTENT_BEFORE_CALL = {"qwen3": "<think>\n\n</think>\n\n", "qwen3.5": "\n</think>\n\n",  # its prompt opens it
+                       "glm-4.6": "\n<think></think>\n", "glm-4.7-flash": "</think>"}
 
 
 def _template(case: dict) -> ChatTemplate:
@@ -51,7 +56,7 @@ def _openai_shaped(messages: list) -> list:
 
 
 def test_tool_cases_present():
-    assert len(TOOL_CASES) == 17 and len(ROUNDTRIPS) == 6
+    assert len(TOOL_CASES) == 17 + 12 and len(ROUNDTRIPS) == 6 + 8
     assert set(EXPECTED_PARSER) == set(TEMPLATES)
 
 
@@ -104,15 +109,18 @@ def test_parser_reads_what_the_template_writes(case):
     user, assistant, tool = case["messages"]
     prompt = _render(case, [user], True)
     with_call = _render(case, [user, assistant], False)
-    assert with_call.startswith(prompt)
-    generated = with_call[len(prompt):]
+    # GLM-4.7's generation prompt opens the reasoning block, which the history's turn writes closed ("</think>"
+    # right after the role): the model's text is that turn from where the prompt opened it
+    opened = "<think>" if case["family"] == "glm-4.7-flash" else ""
+    assert with_call.startswith(prompt.removesuffix(opened)) and prompt.endswith(opened)
+    generated = with_call[len(prompt) - len(opened):]
     generated = generated[:min(generated.find(t) % (len(generated) + 1) for t in END_OF_TURN)]
 
-    result = get_tool_parser(detect_tool_parser(case["template"]))().parse(generated)
+    tools = [t["function"] for t in case["tools"]]  # the tag formats type the arguments by these schemas
+    result = get_tool_parser(detect_tool_parser(case["template"]))(tools=tools).parse(generated)
     [call] = result.tool_calls
     expected = assistant["tool_calls"][0]["function"]
-    # Qwen3 writes an (empty) reasoning block first: content to a tool parser, a reasoning parser's to split off
-    assert result.content == ("<think>\n\n</think>\n\n" if case["family"] == "qwen3" else None)
+    assert result.content == CONTENT_BEFORE_CALL.get(case["family"])
     assert (call.name, json.loads(call.arguments)) == (expected["name"], expected["arguments"])
 
     replayed = [user, {"role": "assistant", "content": result.content, "tool_calls": [call.to_openai()]},
