@@ -25,6 +25,7 @@ FAMILIES = {
     "glm-4.7-flash": ("GLM-4.7-Flash.jinja", "2ab98ef068d62829d17c5ade1827b9f013fa2bbf", None, "<|endoftext|>"),
     "qwen3-coder": ("Qwen3-Coder.jinja", "cde8c0e43db214322881e24a01c90aa8c77860c7", None, "<|im_end|>"),
     "qwen3.5": ("Qwen3.5-4B.jinja", "a585dec894e63da457d9440ec6aa7caa16d20860", None, "<|im_end|>"),
+    "gemma-4": ("google-gemma-4-31B-it.jinja", "98da08eb6be6f7a353d390456a6c4cacf811c9ed", "<bos>", "<eos>"),
 }
 FORECAST = {"type": "function", "function": {
     "name": "get_forecast", "description": "The weather forecast for a location, by day.",

@@ -2,7 +2,7 @@
 (``ChatTemplate``) and for templates sent in requests (``UntrustedChatTemplate``, which adds resource limits).
 
 The fixtures are ``tests/data/chat_templates/`` (origin: tests/data/README.md): ``cases.jsonl`` and, in its
-fields, ``tool_families.jsonl`` (the tool-calling conversations for GLM-4.6/4.7, Qwen3-Coder and Qwen3.5).
+fields, ``tool_families.jsonl`` (the tool-calling conversations for GLM-4.6/4.7, Qwen3-Coder, Qwen3.5 and Gemma 4).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _render_case(case: dict, kind: type = ChatTemplate, **overrides) -> str:
 
 def test_fixture_file_present():
     assert all(path.is_file() for path in FIXTURES), f"missing reference fixtures: {FIXTURES}"
-    assert len(CASES) == 60 + 12
+    assert len(CASES) == 60 + 15
 
 
 # --------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Tool-call parsers (pyserve/openai/tool_parsers): each family's output parsed whole, and streamed token by token
-through real vocabularies (llama.cpp's qwen2 and llama-bpe test vocabularies in tests/data/vocab, decoded by the
+through real vocabularies (llama.cpp's qwen2, llama-bpe and gemma-4 test vocabularies in tests/data/vocab, decoded by the
 engine's incremental detokenizer with special tokens kept) — the stream, accumulated the way openai-python does it,
 equals the whole parse; the stream's deltas have OpenAI's shape; malformed output is content."""
 
@@ -117,6 +117,23 @@ CASES = {
                          [("get_time", T)]),
         "text": ("Use <function=x> tags.", "Use <function=x> tags.", []),
     },
+    "gemma4": {
+        "one": ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>', None,
+                [("get_weather", W)]),
+        "text_first": (f'{LEAD}<|tool_call>call:get_weather{{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}}<tool_call|>',
+                       LEAD, [("get_weather", W)]),
+        "parallel": ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>'
+                     '<|tool_call>call:get_time{tz:<|"|>Europe/Paris<|"|>}<tool_call|>', None,
+                     [("get_weather", W), ("get_time", T)]),
+        # strings are marked, not escaped; nested keys bare; None is what the template prints for a null
+        "values": ('<|tool_call>call:note{city:<|"|>Zürich<|"|>,note:<|"|>naïve "quoted" 😀 é\n<|"|>,days:[1, 2.5, -3e2],'
+                   'ok:true,x:None,opts:{deep:{a:[]},b:false}}<tool_call|>', None,
+                   [("note", '{"city": "Zürich", "note": "naïve \\"quoted\\" 😀 é\\n", "days": [1, 2.5, -300.0], '
+                             '"ok": true, "x": null, "opts": {"deep": {"a": []}, "b": false}}')]),
+        "no_arguments": ("<|tool_call>call:now{}<tool_call|>", None, [("now", "{}")]),
+        "no_close_tag": ('<|tool_call>call:get_time{tz:<|"|>Europe/Paris<|"|>}', None, [("get_time", T)]),
+        "text": ("A call looks like call:f{}.", "A call looks like call:f{}.", []),
+    },
     "json_envelope": {
         "one": (f'{{"tool_calls": [{{"name": "get_weather", "arguments": {W}}}]}}', None, [("get_weather", W)]),
         "parallel": (f'{{"tool_calls": [{{"name": "get_weather", "arguments": {W}}}, {{"name": "get_time", '
@@ -127,7 +144,7 @@ CASES = {
     },
 }
 CASE_IDS = [(family, case) for family, cases in CASES.items() for case in cases]
-VOCABS = ["qwen2", "llama-bpe"]
+VOCABS = ["qwen2", "llama-bpe", "gemma-4"]  # gemma-4: Gemma 4's markers are tokens of their own
 
 
 def _ids():
@@ -226,7 +243,7 @@ def test_stream_character_by_character(family, case):
 
 
 MARKERS = {"hermes": "<tool_call>", "llama3_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]",
-           "granite": "<|tool_call|>", "glm45": "<tool_call>", "qwen3_coder": "<tool_call>"}
+           "granite": "<|tool_call|>", "glm45": "<tool_call>", "qwen3_coder": "<tool_call>", "gemma4": "<|tool_call>"}
 
 
 @pytest.mark.parametrize("family", MARKERS)
@@ -270,6 +287,7 @@ def test_pythonic_arguments_stream_per_keyword():
 @pytest.mark.parametrize("family,pieces", [
     ("glm45", ["<tool_", "call>get_weather\n<arg_", "key>city</arg_key>\n<arg_value>Par", "is</arg_val", "ue>\n<arg_key>",
                "unit</arg_key><arg_value>celsius</arg_value>", "\n</tool_", "call>"]),
+    ("gemma4", ["<|tool_", "call>call:get_weather{", 'city:<|"|>Par', 'is<|"', '|>,', 'unit:<|"|>celsius<|"|>', "}<tool_call|>"]),
     ("qwen3_coder", ["<tool_", "call>\n<function=get_weather>", "\n<parameter=city>\nPar", "is\n</param", "eter>\n<par",
                      "ameter=unit>\ncelsius\n</parameter>", "\n</function>\n</tool_call>"])])
 def test_tag_arguments_stream_per_argument(family, pieces):
@@ -347,6 +365,8 @@ MALFORMED = {
     "qwen3_coder": ["<tool_call>", "<tool_call>\nplain text\n</tool_call>", "<tool_call>\n<function>\n</function>",
                     "<tool_call>\n<function=get weather>\n</function>", "<tool_call>\n<function=f",
                     "<tool_call>\n<function=>\n</function>\n</tool_call>"],
+    "gemma4": ["<|tool_call>", "Hi <|tool_call", "<|tool_call>call:", "<|tool_call>get_weather{}<tool_call|>",
+               "<|tool_call>call:get weather{}<tool_call|>", "<|tool_call>call:f", "<|tool_call>call:{}<tool_call|>"],
     "json_envelope": ['{"answer": 1}', '{"tool_calls": "x"}', '{"response": 3}', '{"response": "\\q"}', "[]",
                       '{"tool_calls": [{"arguments": {}}]}'],
 }
@@ -370,7 +390,11 @@ BROKEN_AFTER_NAME = [("llama3_json", '{"name": "f", "parameters": {"a": 1}', '{"
                                "<arg_value>2</arg_value>\n</tool_call>", '{"a": 1'),
                      ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\nDone.", '{"a": 1'),
                      ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a b>\n2\n"
-                                     "</parameter>\n</function>\n</tool_call>", '{"a": 1')]
+                                     "</parameter>\n</function>\n</tool_call>", '{"a": 1'),
+                     ("gemma4", "<|tool_call>call:f{a:1,b:oops}<tool_call|>", '{"a": 1'),
+                     ("gemma4", "<|tool_call>call:f{a:1,a:2}<tool_call|>", '{"a": 1'),
+                     ("gemma4", '<|tool_call>call:f{a:1 b:<|"|>x<|"|>}<tool_call|>', '{"a": 1'),
+                     ("gemma4", "<|tool_call>call:f{oops}<tool_call|>", "")]
 
 
 @pytest.mark.parametrize("family,text,arguments", BROKEN_AFTER_NAME)
@@ -409,7 +433,7 @@ def test_random_text_never_raises(family):
                 '"name": "f"', '"arguments": ', '"parameters": ', '<tool_call>', '</tool_call>', '[TOOL_CALLS]',
                 '[ARGS]', '<|python_tag|>', '<|tool_call|>', '"tool_calls": ', '"response": ', 'f(', 'x=1',
                 '<arg_key>', '</arg_key>', '<arg_value>', '</arg_value>', '<function=', '<parameter=', '</parameter>',
-                '</function>', '>', 'True']
+                '</function>', '>', 'True', '<|tool_call>', 'call:', '<|"|>', '<tool_call|>', 'None']
     rng = random.Random(14)
     for _ in range(300):
         pieces = rng.choices(alphabet, k=rng.randrange(1, 30))
@@ -428,7 +452,7 @@ def test_random_text_never_raises(family):
 
 
 def test_registry_has_vllms_names():
-    assert {"hermes", "llama3_json", "mistral", "pythonic", "glm45", "qwen3_coder"} <= set(TOOL_PARSERS)
+    assert {"hermes", "llama3_json", "mistral", "pythonic", "glm45", "qwen3_coder", "gemma4"} <= set(TOOL_PARSERS)
     for name, cls in TOOL_PARSERS.items():
         assert get_tool_parser(name) is cls and cls.name == name
     with pytest.raises(ValueError, match="unknown tool call parser 'hermes2'; choose one of hermes, "):

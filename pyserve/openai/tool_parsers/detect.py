@@ -16,6 +16,7 @@ _FAMILIES = (
     # before hermes: these two wrap their calls in <tool_call> too
     ("glm45", ("<arg_key>",)),
     ("qwen3_coder", ("<parameter=",)),
+    ("gemma4", ("<|tool_call>call:",)),
     ("hermes", ("<tool_call>",)),
     ("pythonic", ("[func_name1(",)),  # vLLM's and Llama 4's instruction "[func_name1(params_name1=…), …]"
     ("llama3_json", ("<|start_header_id|>ipython<|end_header_id|>", "<|python_tag|>", '"parameters"')),

@@ -10,7 +10,8 @@ parameter is read like any parameter that is not a string).
 
 A stream sends the call's header once its name is complete, then each argument once its closing tag has come
 (``{"city": "Paris"``, then ``, "unit": "celsius"``, then ``}``), so the stream and the whole text give the same
-arguments. A key given twice makes the call malformed, as in the pythonic format."""
+arguments. A key given twice makes the call malformed, as in the pythonic format. Gemma 4's calls have the same
+shape (a name, then key:value members) with values in a notation of their own, already typed (gemma4)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ class TagCallParser(ToolParser):
     def _call_name(self) -> Gen[Optional[str]]:
         raise NotImplementedError
 
-    def _pair(self) -> Gen[Union[tuple[str, str], str, None]]:
-        """The next (key, value text), END at the call's closing tag, None where the text is not either."""
+    def _pair(self) -> Gen[Union[tuple[str, object], str, None]]:
+        """The next (key, value as read), END at the call's closing tag, None where the text is not either."""
         raise NotImplementedError
 
     def _tagged_call(self) -> Gen[bool]:
@@ -84,11 +85,15 @@ class TagCallParser(ToolParser):
             self._close()
         return False
 
-    def _member(self, name: str, key: str, text: str) -> str:
+    def _member(self, name: str, key: str, raw: object) -> str:
+        value = self._value_of(name, key, raw)
+        return f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
+
+    def _value_of(self, name: str, key: str, raw: object) -> object:
+        """The value of argument ``key`` of tool ``name`` that ``_pair`` read: its text, typed by the schema."""
         schema = self._schemas.get(name, {})
         properties = schema.get("properties") if isinstance(schema, dict) else None
-        value = _typed(properties.get(key) if isinstance(properties, dict) else None, text)
-        return f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
+        return _typed(properties.get(key) if isinstance(properties, dict) else None, raw)
 
     # ---- reading primitives ----
 
