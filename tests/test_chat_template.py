@@ -1,7 +1,8 @@
 """Chat-template renderer: the Hugging Face reference fixtures plus behaviour tests, for the model's own templates
 (``ChatTemplate``) and for templates sent in requests (``UntrustedChatTemplate``, which adds resource limits).
 
-The fixtures are ``tests/data/chat_templates/`` (origin: tests/data/README.md).
+The fixtures are ``tests/data/chat_templates/`` (origin: tests/data/README.md): ``cases.jsonl`` and, in its
+fields, ``tool_families.jsonl`` (the tool-calling conversations for GLM-4.6/4.7, Qwen3-Coder, Qwen3.5 and Gemma 4).
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from pyserve.openai.chat_template import ChatTemplate, ChatTemplateError, builti
 from pyserve.openai.untrusted_template import UntrustedChatTemplate
 
 # a path of its own rather than the data_dir fixture: the cases parametrize tests at collection time
-FIXTURES = Path(__file__).resolve().parent / "data" / "chat_templates" / "cases.jsonl"
+FIXTURES = [Path(__file__).resolve().parent / "data" / "chat_templates" / name
+            for name in ("cases.jsonl", "tool_families.jsonl")]
 TEMPLATE_ERROR = "jinja2.exceptions.TemplateError"
 
 
 def _load_cases() -> list[dict]:
-    with FIXTURES.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    cases = []
+    for path in FIXTURES:
+        with path.open(encoding="utf-8") as f:
+            cases += [json.loads(line) for line in f if line.strip()]
+    return cases
 
 
 CASES = _load_cases()
@@ -50,8 +55,8 @@ def _render_case(case: dict, kind: type = ChatTemplate, **overrides) -> str:
 
 
 def test_fixture_file_present():
-    assert FIXTURES.is_file(), f"missing reference fixtures: {FIXTURES}"
-    assert len(CASES) == 60
+    assert all(path.is_file() for path in FIXTURES), f"missing reference fixtures: {FIXTURES}"
+    assert len(CASES) == 60 + 15
 
 
 # --------------------------------------------------------------------------

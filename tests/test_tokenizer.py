@@ -11,7 +11,7 @@ import pytest
 from gguf_vocab import load_gguf_metadata, read_vectors, vocab_meta, vocab_tokenizer
 from pyserve.engine.tokenizer import Tokenizer
 
-REQUIRED = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gpt-2"]
+REQUIRED = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gpt-2", "gemma-4"]
 OTHERS = ["deepseek-llm", "deepseek-coder", "falcon", "starcoder", "refact", "mpt", "command-r"]
 ALL_VOCABS = REQUIRED + OTHERS
 
@@ -57,13 +57,22 @@ def gemma(gemma_meta):
     return Tokenizer.from_gguf_metadata(gemma_meta)
 
 
-def test_gemma_build_time(gemma_meta):
+def _timed_build(meta, label: str) -> Tokenizer:
     t0 = time.perf_counter()
-    tok = Tokenizer.from_gguf_metadata(gemma_meta)
+    tok = Tokenizer.from_gguf_metadata(meta)
     elapsed = time.perf_counter() - t0
-    print(f"gemma3 tokenizer ({tok.vocab_size} tokens) built in {elapsed:.2f} s")
-    assert tok.vocab_size == 262144
+    print(f"{label} tokenizer ({tok.vocab_size} tokens) built in {elapsed:.2f} s")
     assert elapsed < 60.0  # a hang guard, not a benchmark (scripts/ measure speed)
+    return tok
+
+
+def test_gemma_build_time(gemma_meta):
+    assert _timed_build(gemma_meta, "gemma3").vocab_size == 262144
+
+
+def test_gemma4_build_time():
+    """Same vocabulary size as Gemma 3's, with its 515k merges read from the file instead of derived."""
+    assert _timed_build(vocab_meta("gemma-4"), "gemma4").vocab_size == 262144
 
 
 def test_gemma_reference(gemma, data_dir):
@@ -80,7 +89,9 @@ def test_gemma_reference(gemma, data_dir):
 
 def test_gemma_facts(gemma):
     assert (gemma.bos_id, gemma.eos_id, gemma.add_bos, gemma.add_space_prefix) == (2, 1, True, False)
-    assert gemma.eos_ids == (1, 106)  # <eos>, <end_of_turn>
+    # <eos>, <end_of_turn>, and the user-defined </s> that llama.cpp also stops on (its log calls it
+    # "control-looking")
+    assert gemma.eos_ids == (1, 106, 212)
     assert gemma.special_texts() == {"bos_token": "<bos>", "eos_token": "<eos>"}
     assert gemma.token_bytes(478) == b"\xf0"  # <0xF0>
     assert gemma.token_bytes(26352) == b" Hello"  # ▁Hello
@@ -149,6 +160,7 @@ def test_special_tokens_of_vocabs():
     ids = qwen.encode(chat, parse_special=True)
     assert ids[0] == 151644 and ids[-1] == 151645
     assert 151644 not in qwen.encode(chat, parse_special=False)
+    assert qwen.decode([128247]) == "</s>"  # a normal token in this vocabulary: text, not a marker
 
     phi3 = vocab_tokenizer("phi-3")
     assert 32007 in phi3.eos_ids  # <|end|>
@@ -159,6 +171,29 @@ def test_special_tokens_of_vocabs():
     assert spm.encode("Hello") == [1, 15043]
     assert spm.token_bytes(15043) == b" Hello" and spm.token_bytes(13) == b"\n"  # <0x0A>
     assert spm.decode([1, 15043]) == "Hello"
+
+
+def test_gemma4_special_tokens():
+    g4 = vocab_tokenizer("gemma-4")
+    assert (g4.bos_id, g4.eos_id, g4.add_bos, g4.add_space_prefix) == (2, 1, True, False)
+    # <eos>, the user-defined <|tool_response>: the model writes it after a tool call and waits, <turn|>
+    assert g4.eos_ids == (1, 50, 106)
+    assert g4.special_texts() == {"bos_token": "<bos>", "eos_token": "<eos>"}
+    assert g4.encode("Hello world") == [2, 9259, 1902]
+    assert g4.encode("<|turn>user\nhi<turn|>\n", parse_special=True) == [2, 105, 2364, 107, 2202, 106, 107]
+    assert 105 not in g4.encode("<|turn>user", parse_special=False)
+    # user-defined tool-call markers are atomic either way; <|tool_response> is an end marker, so control
+    for ps in (False, True):
+        assert g4.encode("a<|tool_call>b", add_special=False, parse_special=ps) == [236746, 48, 236763]
+    assert g4.encode("<|tool_response>", add_special=False, parse_special=True) == [50]
+    assert 50 not in g4.encode("<|tool_response>", add_special=False)
+    assert g4.decode([2, 48, 50, 106]) == "<|tool_call>"
+    # its </s> is a normal token (HTML's strikethrough), rendered as text, not an end marker
+    assert 212 not in g4.eos_ids and g4.decode([212]) == "</s>"
+    assert g4.token_bytes(9259) == b"Hello" and g4.token_bytes(1902) == b" world"
+    assert g4.token_bytes(238) == b"\x00"  # <0x00>
+    # every run of newlines the vocabulary holds (ids 107..137: 1..31 of them) is one token
+    assert [g4.encode("\n" * n, add_special=False) for n in range(1, 32)] == [[106 + n] for n in range(1, 32)]
 
 
 def test_add_eos():
@@ -182,7 +217,7 @@ def test_space_prefix_flag():
 def test_unknown_model():
     meta = dict(vocab_meta("gpt-2"))
     meta["tokenizer.ggml.model"] = "rwkv"
-    with pytest.raises(ValueError, match=r"'rwkv'.*llama.*gpt2"):
+    with pytest.raises(ValueError, match=r"'rwkv'.*llama.*gpt2.*gemma4"):
         Tokenizer.from_gguf_metadata(meta)
 
 

@@ -1,5 +1,5 @@
 """Tool-call parsers (pyserve/openai/tool_parsers): each family's output parsed whole, and streamed token by token
-through real vocabularies (llama.cpp's qwen2 and llama-bpe test vocabularies in tests/data/vocab, decoded by the
+through real vocabularies (llama.cpp's qwen2, llama-bpe and gemma-4 test vocabularies in tests/data/vocab, decoded by the
 engine's incremental detokenizer with special tokens kept) — the stream, accumulated the way openai-python does it,
 equals the whole parse; the stream's deltas have OpenAI's shape; malformed output is content."""
 
@@ -15,6 +15,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from gguf_vocab import vocab_tokenizer
 from pyserve.engine.detokenizer import IncrementalDetokenizer
+from pyserve.openai.tools import ToolPlan
 from pyserve.openai.tool_parsers import (TOOL_PARSERS, StreamDelta, detect_tool_parser, get_tool_parser,
                                          mistral_call_id, new_call_id)
 
@@ -78,6 +79,61 @@ CASES = {
                      f'"arguments": {T}}}]', None, [("get_weather", W), ("get_time", T)]),
         "junk_after_call": ('<|tool_call|>[{"name": "now"}, 3]', ", 3]", [("now", "{}")]),
     },
+    "glm45": {
+        "one": ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>\n"
+                "<arg_value>celsius</arg_value>\n</tool_call>", None, [("get_weather", W)]),
+        "text_first": (f"{LEAD}\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+                       "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call>", LEAD + "\n",
+                       [("get_weather", W)]),
+        "parallel": ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>"
+                     "\n<arg_value>celsius</arg_value>\n</tool_call>\n<tool_call>get_time\n<arg_key>tz</arg_key>\n"
+                     "<arg_value>Europe/Paris</arg_value>\n</tool_call>", None, [("get_weather", W), ("get_time", T)]),
+        # GLM-4.7 writes the tags without newlines
+        "compact": ("<tool_call>get_time<arg_key>tz</arg_key><arg_value>Europe/Paris</arg_value></tool_call>", None,
+                    [("get_time", T)]),
+        # without a schema a value is JSON or a Python literal where it spells one, else text
+        "values": ("<tool_call>note\n<arg_key>days</arg_key>\n<arg_value>[1, 2.5, -3e2]</arg_value>\n<arg_key>ok</arg_key>\n"
+                   "<arg_value>True</arg_value>\n<arg_key>x</arg_key>\n<arg_value>null</arg_value>\n<arg_key>code</arg_key>\n"
+                   "<arg_value>if a < b:\n    print('</x>')</arg_value>\n</tool_call>", None,
+                   [("note", '{"days": [1, 2.5, -300.0], "ok": true, "x": null, "code": "if a < b:\\n    print(\'</x>\')"}')]),
+        "no_arguments": ("<tool_call>now\n</tool_call>", None, [("now", "{}")]),
+        "text": ("It is <b>sunny</b> in Paris.", "It is <b>sunny</b> in Paris.", []),
+    },
+    "qwen3_coder": {
+        "one": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n"
+                "</parameter>\n</function>\n</tool_call>", None, [("get_weather", W)]),
+        "text_first": (f"{LEAD}\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                       "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>", LEAD + "\n",
+                       [("get_weather", W)]),
+        "parallel": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\n"
+                     "celsius\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\n"
+                     "Europe/Paris\n</parameter>\n</function>\n</tool_call>", None,
+                     [("get_weather", W), ("get_time", T)]),
+        # a multi-line value keeps its inner newlines, loses the one on each side
+        "code": ("<tool_call>\n<function=write>\n<parameter=text>\n\ndef f(a):\n    return a < 2  # </param>\n\n"
+                 "</parameter>\n</function>\n</tool_call>", None,
+                 [("write", '{"text": "\\ndef f(a):\\n    return a < 2  # </param>\\n"}')]),
+        "no_close_tag": ("<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Paris\n</parameter>\n</function>", None,
+                         [("get_time", T)]),
+        "text": ("Use <function=x> tags.", "Use <function=x> tags.", []),
+    },
+    "gemma4": {
+        "one": ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>', None,
+                [("get_weather", W)]),
+        "text_first": (f'{LEAD}<|tool_call>call:get_weather{{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}}<tool_call|>',
+                       LEAD, [("get_weather", W)]),
+        "parallel": ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>'
+                     '<|tool_call>call:get_time{tz:<|"|>Europe/Paris<|"|>}<tool_call|>', None,
+                     [("get_weather", W), ("get_time", T)]),
+        # strings are marked, not escaped; nested keys bare; None is what the template prints for a null
+        "values": ('<|tool_call>call:note{city:<|"|>Zürich<|"|>,note:<|"|>naïve "quoted" 😀 é\n<|"|>,days:[1, 2.5, -3e2],'
+                   'ok:true,x:None,opts:{deep:{a:[]},b:false}}<tool_call|>', None,
+                   [("note", '{"city": "Zürich", "note": "naïve \\"quoted\\" 😀 é\\n", "days": [1, 2.5, -300.0], '
+                             '"ok": true, "x": null, "opts": {"deep": {"a": []}, "b": false}}')]),
+        "no_arguments": ("<|tool_call>call:now{}<tool_call|>", None, [("now", "{}")]),
+        "no_close_tag": ('<|tool_call>call:get_time{tz:<|"|>Europe/Paris<|"|>}', None, [("get_time", T)]),
+        "text": ("A call looks like call:f{}.", "A call looks like call:f{}.", []),
+    },
     "json_envelope": {
         "one": (f'{{"tool_calls": [{{"name": "get_weather", "arguments": {W}}}]}}', None, [("get_weather", W)]),
         "parallel": (f'{{"tool_calls": [{{"name": "get_weather", "arguments": {W}}}, {{"name": "get_time", '
@@ -88,7 +144,7 @@ CASES = {
     },
 }
 CASE_IDS = [(family, case) for family, cases in CASES.items() for case in cases]
-VOCABS = ["qwen2", "llama-bpe"]
+VOCABS = ["qwen2", "llama-bpe", "gemma-4"]  # gemma-4: Gemma 4's markers are tokens of their own
 
 
 def _ids():
@@ -187,7 +243,7 @@ def test_stream_character_by_character(family, case):
 
 
 MARKERS = {"hermes": "<tool_call>", "llama3_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]",
-           "granite": "<|tool_call|>"}
+           "granite": "<|tool_call|>", "glm45": "<tool_call>", "qwen3_coder": "<tool_call>", "gemma4": "<|tool_call>"}
 
 
 @pytest.mark.parametrize("family", MARKERS)
@@ -228,6 +284,52 @@ def test_pythonic_arguments_stream_per_keyword():
                    []]
 
 
+@pytest.mark.parametrize("family,pieces", [
+    ("glm45", ["<tool_", "call>get_weather\n<arg_", "key>city</arg_key>\n<arg_value>Par", "is</arg_val", "ue>\n<arg_key>",
+               "unit</arg_key><arg_value>celsius</arg_value>", "\n</tool_", "call>"]),
+    ("gemma4", ["<|tool_", "call>call:get_weather{", 'city:<|"|>Par', 'is<|"', '|>,', 'unit:<|"|>celsius<|"|>', "}<tool_call|>"]),
+    ("qwen3_coder", ["<tool_", "call>\n<function=get_weather>", "\n<parameter=city>\nPar", "is\n</param", "eter>\n<par",
+                     "ameter=unit>\ncelsius\n</parameter>", "\n</function>\n</tool_call>"])])
+def test_tag_arguments_stream_per_argument(family, pieces):
+    """Markers split across chunks: the header once the name is whole, each argument once its tag closes."""
+    parser, got = get_tool_parser(family)(_ids()), []
+    for piece in pieces:
+        got.append([(e.get("id"), e["function"].get("name"), e["function"]["arguments"])
+                    for e in parser.feed(piece).tool_calls])
+    sent = [(i, entry) for i, entries in enumerate(got) for entry in entries]
+    assert sent == [(1, ("call_0", "get_weather", "")), (4, (None, None, '{"city": "Paris"')),
+                    (5, (None, None, ', "unit": "celsius"')), (len(pieces) - 1, (None, None, "}"))]
+    assert parser.finish() == StreamDelta() and parser.tool_calls[0].arguments == W
+
+
+WEATHER_TOOL = {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "hourly": {"type": "boolean"},
+    "zip": {"type": ["string", "null"]}}}}
+
+
+@pytest.mark.parametrize("family,text", [
+    ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value> 1984 </arg_value>\n<arg_key>days</arg_key>\n"
+              "<arg_value>3</arg_value>\n<arg_key>hourly</arg_key>\n<arg_value>True</arg_value>\n<arg_key>zip</arg_key>\n"
+              "<arg_value>75001</arg_value>\n<arg_key>extra</arg_key>\n<arg_value>{\"a\": 1}</arg_value>\n</tool_call>"),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n 1984 \n</parameter>\n<parameter=days>\n3\n"
+                    "</parameter>\n<parameter=hourly>\nTrue\n</parameter>\n<parameter=zip>\n75001\n</parameter>\n"
+                    "<parameter=extra>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>")])
+def test_tag_values_typed_by_the_tools_schema(family, text):
+    """A parameter the schema types as a string keeps its text (spaces too); the others are read as values."""
+    [call] = get_tool_parser(family)(_ids(), tools=[WEATHER_TOOL]).parse(text).tool_calls
+    assert json.loads(call.arguments) == {"city": " 1984 ", "days": 3, "hourly": True, "zip": "75001",
+                                          "extra": {"a": 1}}
+    [call] = get_tool_parser(family)(_ids()).parse(text).tool_calls  # no tools: every value is read
+    assert json.loads(call.arguments)["city"] == 1984
+
+
+def test_a_requests_plan_gives_its_parser_the_tools():
+    """A native template's parser (tools.ToolPlan) types the arguments by the request's tools."""
+    text = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>1984</arg_value>\n</tool_call>"
+    parser = ToolPlan("auto", True, [WEATHER_TOOL], True, "glm45").parser(_ids())
+    assert parser.parse(text).tool_calls[0].arguments == '{"city": "1984"}'
+
+
 def test_response_string_streams_decoded():
     parser = get_tool_parser("json_envelope")(_ids())
     pieces = ['{"resp', 'onse": "caf', '\\u00', 'e9 \\', 'n \\ud83d', '\\ude00', '!"}']
@@ -258,6 +360,13 @@ MALFORMED = {
     "pythonic": ["[1, 2, 3]", '[print("hi")]', "[f(a=b)]", "[f(a=float('nan'))]", "[f(**x)]", "[f(a={1, 2})]",
                  "[f(a=1 b=2)]"],
     "granite": ["<|tool_call|>", "<|tool_call|>{}", '<|tool_call|>[{"name": 1}]'],
+    "glm45": ["<tool_call>", "Hi <tool_call", "<tool_call>\n</tool_call>", "<tool_call>get weather\n</tool_call>",
+              "<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", "<tool_call>f"],
+    "qwen3_coder": ["<tool_call>", "<tool_call>\nplain text\n</tool_call>", "<tool_call>\n<function>\n</function>",
+                    "<tool_call>\n<function=get weather>\n</function>", "<tool_call>\n<function=f",
+                    "<tool_call>\n<function=>\n</function>\n</tool_call>"],
+    "gemma4": ["<|tool_call>", "Hi <|tool_call", "<|tool_call>call:", "<|tool_call>get_weather{}<tool_call|>",
+               "<|tool_call>call:get weather{}<tool_call|>", "<|tool_call>call:f", "<|tool_call>call:{}<tool_call|>"],
     "json_envelope": ['{"answer": 1}', '{"tool_calls": "x"}', '{"response": 3}', '{"response": "\\q"}', "[]",
                       '{"tool_calls": [{"arguments": {}}]}'],
 }
@@ -276,7 +385,16 @@ def test_malformed_is_content(family, text):
 BROKEN_AFTER_NAME = [("llama3_json", '{"name": "f", "parameters": {"a": 1}', '{"a": 1}'),
                      ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1', '{"a": 1'),
                      ("mistral", "[TOOL_CALLS]f[ARGS]{oops}", "{oops}"), ("pythonic", "[f(a=1, a=2)]", '{"a": 1'),
-                     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}, "id" 3}</tool_call>', '{"a": 1}')]
+                     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}, "id" 3}</tool_call>', '{"a": 1}'),
+                     ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n<arg_key>a</arg_key>\n"
+                               "<arg_value>2</arg_value>\n</tool_call>", '{"a": 1'),
+                     ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\nDone.", '{"a": 1'),
+                     ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a b>\n2\n"
+                                     "</parameter>\n</function>\n</tool_call>", '{"a": 1'),
+                     ("gemma4", "<|tool_call>call:f{a:1,b:oops}<tool_call|>", '{"a": 1'),
+                     ("gemma4", "<|tool_call>call:f{a:1,a:2}<tool_call|>", '{"a": 1'),
+                     ("gemma4", '<|tool_call>call:f{a:1 b:<|"|>x<|"|>}<tool_call|>', '{"a": 1'),
+                     ("gemma4", "<|tool_call>call:f{oops}<tool_call|>", "")]
 
 
 @pytest.mark.parametrize("family,text,arguments", BROKEN_AFTER_NAME)
@@ -313,7 +431,9 @@ def test_every_truncation_is_handled(family, case):
 def test_random_text_never_raises(family):
     alphabet = ['{', '}', '[', ']', '"', ':', ',', ' ', '\n', 'a', '1', '\\', '(', ')', '=', ';', "'",
                 '"name": "f"', '"arguments": ', '"parameters": ', '<tool_call>', '</tool_call>', '[TOOL_CALLS]',
-                '[ARGS]', '<|python_tag|>', '<|tool_call|>', '"tool_calls": ', '"response": ', 'f(', 'x=1']
+                '[ARGS]', '<|python_tag|>', '<|tool_call|>', '"tool_calls": ', '"response": ', 'f(', 'x=1',
+                '<arg_key>', '</arg_key>', '<arg_value>', '</arg_value>', '<function=', '<parameter=', '</parameter>',
+                '</function>', '>', 'True', '<|tool_call>', 'call:', '<|"|>', '<tool_call|>', 'None']
     rng = random.Random(14)
     for _ in range(300):
         pieces = rng.choices(alphabet, k=rng.randrange(1, 30))
@@ -332,7 +452,7 @@ def test_random_text_never_raises(family):
 
 
 def test_registry_has_vllms_names():
-    assert {"hermes", "llama3_json", "mistral", "pythonic"} <= set(TOOL_PARSERS)
+    assert {"hermes", "llama3_json", "mistral", "pythonic", "glm45", "qwen3_coder", "gemma4"} <= set(TOOL_PARSERS)
     for name, cls in TOOL_PARSERS.items():
         assert get_tool_parser(name) is cls and cls.name == name
     with pytest.raises(ValueError, match="unknown tool call parser 'hermes2'; choose one of hermes, "):

@@ -12,6 +12,13 @@ against), reproduced with ``tokenizers`` building blocks:
   pre-tokenizer regexes that llama.cpp uses for ``tokenizer.ggml.pre``, applied in sequence
   (each one splits the pieces of the previous one, keeping unmatched text as pieces), then the
   GPT-2 byte-to-unicode mapping.
+* ``tokenizer.ggml.model == "gemma4"`` (SentencePiece-style BPE with ``tokenizer.ggml.merges``):
+  spaces become ``▁`` (no space prefix), the text is split only into runs of newlines and runs of
+  other characters, merges run by rank on the raw characters (no byte-level mapping), and what no
+  merge resolves falls back to the ``<0xNN>`` tokens. llama.cpp looks a run of newlines up whole
+  before merging (its Gemma 4 fix); ranked BPE here already ends on that one token for every run the
+  vocabulary holds (1 to 31 newlines, tested), so nothing extra is done. BOS is always added
+  (llama.cpp forces ``add_bos_token`` on for this model).
 
 Special tokens: user-defined tokens (type 4) are always matched whole in the text; control
 (type 3) and unknown (type 2) tokens only when ``parse_special`` is asked for. Matching is on
@@ -37,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Tokenizer", "SUPPORTED_MODELS"]
 
-SUPPORTED_MODELS = ("llama", "gpt2")
+SUPPORTED_MODELS = ("llama", "gpt2", "gemma4")
 
 # GGUF token types (llama.cpp's LLAMA_TOKEN_TYPE_*)
 TT_UNDEFINED, TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = range(7)
@@ -246,14 +253,16 @@ class Tokenizer:
         specials = _read_specials(meta, model, pre, len(tokens))
         eos_ids = _eog_ids(specials, types, token_to_id)
         attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types]
-        _force_control(attrs, token_to_id, (specials.eot_id, specials.eom_id))
+        _force_control(attrs, types, token_to_id, (specials.eot_id, specials.eom_id))
+        merges = _get(meta, "tokenizer.ggml.merges", [])
         if model == "llama":
             hf = _build_spm(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, specials.unk_id,
                             specials.add_space_prefix)
-            piece_bytes = _piece_bytes(tokens, attrs, _spm_normal_bytes)
+        elif model == "gemma4":
+            hf = _build_spm_bpe(token_to_id, merges, model)
         else:
-            hf = _build_bpe(tokens, token_to_id, _get(meta, "tokenizer.ggml.merges", []), pre)
-            piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes)
+            hf = _build_bpe(token_to_id, merges, pre)
+        piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes if model == "gpt2" else _spm_normal_bytes)
         _add_special_tokens(hf, tokens, attrs, _rstrip_ids(meta, attrs, token_to_id))
         return cls(hf=hf, model=model, pre=pre, tokens=tokens, attrs=attrs, piece_bytes=piece_bytes,
                    specials=specials, eos_ids=eos_ids)
@@ -401,6 +410,8 @@ def _read_specials(meta: Mapping[str, Any], model: str, pre: str | None, n: int)
     """Special ids and flags, with llama.cpp's per-model defaults where the metadata is silent."""
     if model == "llama":
         bos, eos, unk, add_bos = 1, 2, 0, True
+    elif model == "gemma4":
+        bos, eos, unk, add_bos = None, None, None, True
     else:
         fam = _PRE_TABLE.get(pre) if pre else None
         bos, eos, unk, add_bos = 11, 11, None, fam[2] if fam else False
@@ -410,7 +421,8 @@ def _read_specials(meta: Mapping[str, Any], model: str, pre: str | None, n: int)
         unk_id=_special_id(meta, "tokenizer.ggml.unknown_token_id", unk, n),
         eot_id=_special_id(meta, "tokenizer.ggml.eot_token_id", None, n),
         eom_id=_special_id(meta, "tokenizer.ggml.eom_token_id", None, n),
-        add_bos=_flag(meta, "tokenizer.ggml.add_bos_token", add_bos),
+        # gemma4: llama.cpp turns BOS on even where the file says false (the model needs it)
+        add_bos=model == "gemma4" or _flag(meta, "tokenizer.ggml.add_bos_token", add_bos),
         add_eos=_flag(meta, "tokenizer.ggml.add_eos_token", False),
         # only SentencePiece vocabularies have a space prefix
         add_space_prefix=model == "llama" and _flag(meta, "tokenizer.ggml.add_space_prefix", True))
@@ -421,28 +433,33 @@ def _read_specials(meta: Mapping[str, Any], model: str, pre: str | None, n: int)
     return sp
 
 
+def _marker_ids(texts: Iterable[str], types: list[int], token_to_id: Mapping[str, int]) -> list[int]:
+    """Ids of the tokens spelled by ``texts`` that the file types as special (control or user-defined).
+    One typed as normal text is a word, not a marker: ``</s>`` in Qwen 2 or Gemma 4 (llama.cpp takes
+    every match, then hands Gemma 4's ``</s>`` back to the text)."""
+    ids = (token_to_id.get(t) for t in texts)
+    return [i for i in ids if i is not None and types[i] in (TT_CONTROL, TT_USER_DEFINED)]
+
+
 def _eog_ids(sp: _Specials, types: list[int], token_to_id: Mapping[str, int]) -> tuple[int, ...]:
     """End-of-generation ids: eos, eot/eom from the metadata, and the well-known end-of-turn texts
-    that the vocabulary marks as control tokens; the first one found leads, the rest by id."""
+    that the vocabulary marks as special (Gemma 4's user-defined ``<|tool_response>`` too: the model
+    stops there to wait for the tool); the first one found leads, the rest by id."""
     eog: list[int] = []
-    for i in (sp.eos_id, sp.eot_id, sp.eom_id):
+    for i in (sp.eos_id, sp.eot_id, sp.eom_id, *_marker_ids(_EOG_TEXTS, types, token_to_id)):
         if i is not None and i not in eog:
-            eog.append(i)
-    for text in _EOG_TEXTS:
-        i = token_to_id.get(text)
-        if i is not None and types[i] == TT_CONTROL and i not in eog:
             eog.append(i)
     return tuple(eog[:1] + sorted(eog[1:]))
 
 
-def _force_control(attrs: list[int], token_to_id: Mapping[str, int], extra_ids: Iterable[int | None]) -> None:
+def _force_control(attrs: list[int], types: list[int], token_to_id: Mapping[str, int],
+                   extra_ids: Iterable[int | None]) -> None:
     """Sets the control attribute on end-of-turn-looking tokens and on ``extra_ids`` (eot/eom), in place:
     llama.cpp does, so that they are only parsed with parse_special, even where the file calls them
-    user-defined."""
-    for text in set(_EOT_TEXTS) | set(_EOG_TEXTS) | {"<|eom_id|>"}:
-        i = token_to_id.get(text)
-        if i is not None:
-            attrs[i] |= _A_CONTROL
+    user-defined (not where it calls them normal text: see _marker_ids)."""
+    texts = set(_EOT_TEXTS) | set(_EOG_TEXTS) | {"<|eom_id|>"}
+    for i in _marker_ids(texts, types, token_to_id):
+        attrs[i] |= _A_CONTROL
     for i in extra_ids:
         if i is not None:
             attrs[i] |= _A_CONTROL
@@ -525,22 +542,11 @@ def _build_spm(tokens: list[str], types: list[int], scores: Sequence[float] | No
     return hf
 
 
-def _build_bpe(tokens: list[str], token_to_id: dict[str, int], merges_raw: Sequence[str],
-               pre: str | None) -> _HFTokenizer:
-    """Byte-level BPE (GPT-2 style) with llama.cpp's pre-tokenizer regexes for ``pre``."""
+def _read_merges(token_to_id: Mapping[str, int], merges_raw: Sequence[str], model: str) -> list[tuple[str, str]]:
+    """``tokenizer.ggml.merges`` ("left right", in rank order) as pairs; a merge whose parts or result
+    are not tokens can never apply, so it is dropped (with a warning)."""
     if merges_raw is None or len(merges_raw) == 0:
-        raise ValueError("tokenizer.ggml.model is 'gpt2' but tokenizer.ggml.merges is missing")
-    fam = _PRE_TABLE.get(pre) if pre else None
-    if fam is None:
-        if pre:
-            logger.warning("unknown tokenizer.ggml.pre %r; falling back to the gpt-2 pre-tokenizer "
-                           "(tokenization may differ from the model's own)", pre)
-            fam = _PRE_TABLE["gpt-2"]
-        else:
-            logger.warning("tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer")
-            fam = _PRE_TABLE["default"]
-    family, ignore_merges, _ = fam
-
+        raise ValueError(f"tokenizer.ggml.model is {model!r} but tokenizer.ggml.merges is missing")
     merges: list[tuple[str, str]] = []
     dropped = 0
     for m in merges_raw:
@@ -552,7 +558,32 @@ def _build_bpe(tokens: list[str], token_to_id: dict[str, int], merges_raw: Seque
             dropped += 1
     if dropped:
         logger.warning("ignored %d BPE merges whose parts or result are not in the vocabulary", dropped)
+    return merges
 
+
+def _build_spm_bpe(token_to_id: dict[str, int], merges_raw: Sequence[str], model: str) -> _HFTokenizer:
+    """SentencePiece-style BPE from the file's merges (gemma4): ``▁`` for spaces, split only at newline
+    runs, byte fallback to ``<0xNN>``."""
+    bpe = models.BPE(vocab=token_to_id, merges=_read_merges(token_to_id, merges_raw, model), byte_fallback=True)
+    hf = _HFTokenizer(bpe)
+    hf.normalizer = normalizers.Replace(" ", _SPACE_MARK)
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    return hf
+
+
+def _build_bpe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str | None) -> _HFTokenizer:
+    """Byte-level BPE (GPT-2 style) with llama.cpp's pre-tokenizer regexes for ``pre``."""
+    merges = _read_merges(token_to_id, merges_raw, "gpt2")
+    fam = _PRE_TABLE.get(pre) if pre else None
+    if fam is None:
+        if pre:
+            logger.warning("unknown tokenizer.ggml.pre %r; falling back to the gpt-2 pre-tokenizer "
+                           "(tokenization may differ from the model's own)", pre)
+            fam = _PRE_TABLE["gpt-2"]
+        else:
+            logger.warning("tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer")
+            fam = _PRE_TABLE["default"]
+    family, ignore_merges, _ = fam
     bpe = models.BPE(vocab=token_to_id, merges=merges, ignore_merges=ignore_merges)
     hf = _HFTokenizer(bpe)
     steps = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in _PRE_REGEXES[family]]

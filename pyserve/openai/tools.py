@@ -97,7 +97,7 @@ class ToolPlan:
         if not self.active:
             return None
         name = self.parser_name if self.reads_markers else ENVELOPE_PARSER
-        return get_tool_parser(name)(new_id=new_id)
+        return get_tool_parser(name)(new_id=new_id, tools=self.tools)  # tag formats type arguments by schema
 
 
 _RESPONSE = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],

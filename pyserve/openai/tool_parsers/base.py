@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Generator, Optional, TypeVar
+from typing import Callable, ClassVar, Generator, Optional, Sequence, TypeVar
 
 __all__ = ["Gen", "ParseResult", "StreamDelta", "ToolCall", "ToolParser", "marker_finder", "new_call_id"]
 
@@ -73,8 +73,11 @@ class ToolParser:
     name: ClassVar[str]
     default_call_id: ClassVar[Callable[[], str]] = staticmethod(new_call_id)
 
-    def __init__(self, new_id: Optional[Callable[[], str]] = None) -> None:
+    def __init__(self, new_id: Optional[Callable[[], str]] = None, tools: Optional[Sequence[dict]] = None) -> None:
+        """tools: the request's function definitions (``name``, ``parameters``), for the formats whose argument
+        values are bare text that the parameter's schema types (glm45, qwen3_coder)."""
         self._new_id = new_id or self.default_call_id
+        self._schemas = {t.get("name"): t.get("parameters") or {} for t in tools or ()}
         self._buf = ""
         self._pos = 0
         self._mark = 0
@@ -176,6 +179,15 @@ class ToolParser:
     def _close(self) -> None:
         self._drop_to(self._pos)
         self._ws = ""  # nor is whitespace after one
+
+    def _close_members(self, name: str, members: list[str], opened: bool) -> None:
+        """The end of a call whose JSON arguments were written member by member (``{"a": 1``, ``, "b": 2``): a
+        stream sent its header and each member already; otherwise the whole call goes out now."""
+        if not opened:
+            self._open(name)
+            self._args("".join(members), self._pos)
+        self._args("}" if members else "{}", self._pos)
+        self._close()
 
     # ---- reading primitives (generators: `x = yield from self._peek()`) ----
 

@@ -13,6 +13,10 @@ __all__ = ["detect_tool_parser", "renders_tools"]
 # (parser, markers any of which names the family); the first family that matches wins
 _FAMILIES = (
     ("granite", ("<|tool_call|>",)),
+    # before hermes: these two wrap their calls in <tool_call> too
+    ("glm45", ("<arg_key>",)),
+    ("qwen3_coder", ("<parameter=",)),
+    ("gemma4", ("<|tool_call>call:",)),
     ("hermes", ("<tool_call>",)),
     ("pythonic", ("[func_name1(",)),  # vLLM's and Llama 4's instruction "[func_name1(params_name1=…), …]"
     ("llama3_json", ("<|start_header_id|>ipython<|end_header_id|>", "<|python_tag|>", '"parameters"')),

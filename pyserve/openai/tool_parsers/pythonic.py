@@ -137,11 +137,7 @@ class PythonicToolParser(ToolParser):
                 if opened:
                     self._args(members[-1], self._pos)
             if self._buf[end] == ")":
-                if not opened:
-                    self._open(name)
-                    self._args("".join(members), self._pos)
-                self._args("}" if members else "{}", self._pos)
-                self._close()
+                self._close_members(name, members, opened)
                 return True
         if opened:
             self._close()
