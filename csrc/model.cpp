@@ -211,10 +211,6 @@ void add_bias(float* y, const std::vector<float>& b) {
   for (size_t i = 0; i < b.size(); i++) y[i] += b[i];
 }
 
-void grow(std::vector<float>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-}
-
 }  // namespace
 
 // Causal attention of every batch token over its own sequence's K/V, after writing the batch's K/V.

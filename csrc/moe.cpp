@@ -7,10 +7,6 @@ namespace pyserve {
 
 namespace {
 
-void grow(std::vector<float>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-}
-
 // The n_used best of scores[n] into ids, best first, ties to the lower id (a partial selection sort: n_used
 // is small).
 void top_k(const float* scores, int n, int n_used, int32_t* ids) {

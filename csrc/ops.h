@@ -12,6 +12,11 @@
 
 namespace pyserve {
 
+// v holds at least n values (work buffers grow to the largest step and stay).
+inline void grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
 // Batches of at most this many rows do their element-wise work on the calling thread: a barrier costs
 // more than a few rows of it.
 constexpr int64_t INLINE_ROWS = 4;

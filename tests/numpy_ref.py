@@ -598,9 +598,14 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def _gate_probs(moe: MoeHParams, logits: np.ndarray) -> np.ndarray:
+    """The router's scores by gating kind: softmax (1), sigmoid (2), the raw logits (3)."""
+    return softmax(logits) if moe.gating == 1 else 1.0 / (1.0 + np.exp(-logits)) if moe.gating == 2 else logits
+
+
 def route(moe: MoeHParams, logits: np.ndarray, select_bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(chosen experts [T, n_used] best first, their weights [T, n_used]) from router logits [T, n_expert]."""
-    probs = softmax(logits) if moe.gating == 1 else 1.0 / (1.0 + np.exp(-logits)) if moe.gating == 2 else logits
+    probs = _gate_probs(moe, logits)
     score = probs + (select_bias if select_bias is not None else 0.0)
     chosen = np.argsort(-score, axis=-1, kind="stable")[:, :moe.n_used]
     w = np.take_along_axis(probs, chosen, axis=-1)
@@ -617,7 +622,7 @@ def route_margin(moe: MoeHParams, logits: np.ndarray, select_bias: np.ndarray | 
     choose the other."""
     if moe.n_used >= moe.n_expert:
         return np.full(len(logits), np.inf)
-    probs = softmax(logits) if moe.gating == 1 else 1.0 / (1.0 + np.exp(-logits)) if moe.gating == 2 else logits
+    probs = _gate_probs(moe, logits)
     score = probs + (select_bias if select_bias is not None else 0.0)
     order = np.argsort(-score, axis=-1, kind="stable")
     last, out = order[:, moe.n_used - 1:moe.n_used], order[:, moe.n_used:moe.n_used + 1]
