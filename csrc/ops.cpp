@@ -402,8 +402,7 @@ void matmul_jobs(ThreadPool& pool, const std::vector<MatmulJob>& jobs) {
   for (size_t i = 0; i < jobs.size(); i++)
     first_tile[i + 1] = first_tile[i] + (jobs[i].T > 0 ? (jobs[i].w->n_out + ROW_TILE - 1) / ROW_TILE : 0);
   if (first_tile.back() == 0) return;
-  pool.run([&](int ith, int nth) {
-    auto [g0, g1] = ThreadPool::share(first_tile.back(), ith, nth);
+  pool.run_split(first_tile.back(), [&](int64_t g0, int64_t g1) {
     size_t i = 0;
     for (int64_t g = g0; g < g1; g++) {
       while (g >= first_tile[i + 1]) i++;
