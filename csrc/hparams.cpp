@@ -258,7 +258,7 @@ HParams read_hparams(const GGUFFile& f) {
   read_rope(f, a, spec, hp);
   read_multipliers(f, a, spec, hp);
   const int64_t unset = -1;
-  hp.pooling_type = ranged(f, a + "pooling_type", -1, 4, &unset);
+  hp.pooling_type = ranged(f, a + "pooling_type", -1, 1 << 16, &unset);  // read, not used: any value loads
   const GGUFTensor* cls = f.find("cls.output.weight");
   if (cls && (cls->ne[0] != hp.n_embd || cls->ne[1] < 1 || cls->ne[1] > 64))
     f.fail("tensor 'cls.output.weight' has shape [" + std::to_string(cls->ne[0]) + ", " + std::to_string(cls->ne[1]) +

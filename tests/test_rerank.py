@@ -1,8 +1,8 @@
 """/v1/rerank, /rerank and /v1/score against a real server holding two random-weight qwen3 rerankers
-(model_factory: a Qwen3-Reranker-like two-row "yes"/"no" head with a rerank template, and a one-row head
-without one) beside the default model: the scores are the NumPy reference's (numpy_ref.ref_rank) of the
-prompt llama.cpp's server builds, the order, top_n and return_documents, /v1/score's 1:1, 1:N and N:N, and
-the refusals (not a reranker, bad bodies, a BERT encoder)."""
+(model_factory: a Qwen3-Reranker-like two-row "yes"/"no" head with a rerank template, and a one-row head with
+a bias and no template) beside the default model: the scores are the NumPy reference's (numpy_ref.ref_rank) of
+the prompt llama.cpp's server builds, the order, top_n and return_documents, /v1/score's 1:1, 1:N and N:N,
+Cohere's SDK, and the refusals (not a reranker, bad bodies, a BERT encoder)."""
 from __future__ import annotations
 
 import cohere
@@ -24,7 +24,7 @@ DOCS = ["Cats sleep on the mat.", "The stock market fell.", "A dog ran in the pa
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("rerankers")
     return {"rr2": write_test_model(d / "rr2.gguf", "qwen3", rerank=2, rerank_template=TEMPLATE, seed=3),
-            "rr1": write_test_model(d / "rr1.gguf", "qwen3", rerank=1, seed=4)}
+            "rr1": write_test_model(d / "rr1.gguf", "qwen3", rerank=1, rerank_bias=True, seed=4)}
 
 
 @pytest.fixture(scope="module")
