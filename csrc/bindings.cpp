@@ -233,7 +233,8 @@ py::dict hparams_dict(const HParams& h) {
                   py::arg("n_layer") = h.n_layer, py::arg("n_head") = h.n_head, py::arg("n_head_kv") = h.n_head_kv,
                   py::arg("head_dim") = h.head_dim, py::arg("n_ff") = h.n_ff, py::arg("n_ctx_train") = h.n_ctx_train,
                   py::arg("n_swa") = h.n_swa, py::arg("n_expert") = h.moe.n_expert,
-                  py::arg("n_expert_used") = h.moe.n_used);
+                  py::arg("n_expert_used") = h.moe.n_used, py::arg("pooling_type") = h.pooling_type,
+                  py::arg("n_cls_out") = h.n_cls_out);
 }
 
 py::dict config_dict(const EngineConfig& c) {
@@ -339,7 +340,8 @@ Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std
   r.stop.max_tokens = 0;
   if (pooling == "last") r.pooling = Pooling::LAST;
   else if (pooling == "mean") r.pooling = Pooling::MEAN;
-  else throw std::invalid_argument("pooling must be 'last' or 'mean', got '" + printable(pooling) + "'");
+  else if (pooling == "rank") r.pooling = Pooling::RANK;
+  else throw std::invalid_argument("pooling must be 'last', 'mean' or 'rank', got '" + printable(pooling) + "'");
   r.normalize = normalize;
   return r;
 }
@@ -351,7 +353,8 @@ void def_embed(py::class_<C>& cls, Add add, Check check) {
                              bool normalize) { (self.*add)(make_embed(id, std::move(prompt), pooling, normalize)); },
           py::arg("request_id"), py::arg("prompt"), py::arg("pooling") = "last", py::arg("normalize") = true,
           "Validates and queues an embedding request (prefill only): its one output (finish_reason 'stop') "
-          "carries the pooled final-norm state, 'last' row or 'mean' of the rows, L2-normalised if `normalize`");
+          "carries the pooled final-norm state, 'last' row or 'mean' of the rows, L2-normalised if `normalize`; "
+          "'rank': [1] the last row's relevance score through a reranker's classifier head");
   cls.def("check_embed", [check](C& self, std::vector<int32_t> prompt, const std::string& pooling, bool normalize) {
             (self.*check)(make_embed("check", std::move(prompt), pooling, normalize));
           }, py::arg("prompt"), py::arg("pooling") = "last", py::arg("normalize") = true,
@@ -396,7 +399,7 @@ PyStructSequence_Field kStepOutputFields[] = {
     {"scheduled_ts", "time.monotonic() of the step that first scheduled it (0: never)"},
     {"step_ts", "time.monotonic() at the end of this step's forward"},
     {"n_cached", "prompt tokens the prefix cache served"},
-    {"embedding", "float32 [n_embd] on an embedding's output, else None"},
+    {"embedding", "float32 [n_embd] on an embedding's output ([1] the score of a 'rank' one), else None"},
     {"prompt_logprobs", "[None, {token: logprob, …} per position 1 …] on the first output of a request that "
                         "asked for them, else None"},
     {nullptr, nullptr}};

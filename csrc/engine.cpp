@@ -149,6 +149,8 @@ void Engine::check_kind(const Request& req) const {
     if (req.n != 1 || max_tokens != 0 || req.prompt_logprobs >= 0 || req.grammar)
       throw std::invalid_argument("pooling: an embedding request has n 1, max_tokens 0, no prompt_logprobs and "
                                   "no grammar");
+    if (req.pooling == Pooling::RANK && model_->hparams().n_cls_out == 0)
+      throw std::invalid_argument("pooling: this model is not a reranker (no classifier head cls.output.weight)");
     return;
   }
   if (req.grammar && req.grammar->n_vocab() != V)
@@ -426,7 +428,7 @@ void Engine::record_rows(const Schedule& sched) {
     seq->n_recorded = end;
     if (seq->prompt_logprobs >= 0) {
       score_rows(seq, h, first, end);
-    } else if (seq->pooling == Pooling::LAST) {  // its one row, n_prompt - 1
+    } else if (seq->pooling == Pooling::LAST || seq->pooling == Pooling::RANK) {  // its one row, n_prompt - 1
       seq->pooled.assign(h, h + E);
     } else {  // MEAN: summed in position order, whatever the chunks, so chunking cannot change the sum
       seq->pooled.resize(E, 0.0);
@@ -463,7 +465,8 @@ void Engine::end_prefill(Sequence* seq, double t_step, std::vector<StepOutput>& 
     out.push_back(output_of(*seq, i, t_step));
     out.back().finish_reason = reason;
   }
-  if (seq->pooling != Pooling::NONE) out[first].embedding = pooled_vector(*seq);
+  if (seq->pooling == Pooling::RANK) out[first].embedding = {(float)model_->rank(seq->pooled)};
+  else if (seq->pooling != Pooling::NONE) out[first].embedding = pooled_vector(*seq);
   out[first].prompt_logprobs = std::move(seq->prompt_lp);
   groups_->finish(seq);
 }

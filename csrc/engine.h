@@ -101,6 +101,7 @@ struct StepOutput {
   double step_ts = 0.0;
   int n_cached = 0;                                // prompt tokens served from the prefix cache
   std::vector<float> embedding;                    // an embedding request's output: the pooled vector [n_embd]
+                                                   // (RANK: [1], the relevance score, Model::rank)
   // On a request's first output (one per request, not per sample): the prompt's positions 1 … n_prompt - 1,
   // each the prompt token's logprob and its top alternatives (SampleResult's fields)
   std::shared_ptr<const std::vector<SampleResult>> prompt_logprobs;

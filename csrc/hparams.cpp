@@ -240,7 +240,12 @@ const ArchSpec& arch_spec(const std::string& arch) {
     if (arch == a.name) return a;
   std::string list;
   for (const std::string& n : supported_architectures()) list += (list.empty() ? "" : ", ") + n;
-  throw ModelError("unsupported architecture '" + printable(arch) + "' (supported: " + list + ")");
+  // BGE / Jina-style rerankers and embedders are BERT encoders (bidirectional, a classifier over the CLS row)
+  const bool encoder = arch == "bert" || arch == "roberta" || arch == "xlm-roberta" || arch == "nomic-bert" ||
+                       arch == "jina-bert-v2" || arch == "modern-bert" || arch == "neo-bert";
+  throw ModelError("unsupported architecture '" + printable(arch) + "'" +
+                   (encoder ? ": a BERT-style encoder (such as a BGE reranker); pyserve runs decoder-only models" : "") +
+                   " (supported: " + list + ")");
 }
 
 HParams read_hparams(const GGUFFile& f) {
@@ -252,6 +257,13 @@ HParams read_hparams(const GGUFFile& f) {
   read_attention(f, a, spec, hp);
   read_rope(f, a, spec, hp);
   read_multipliers(f, a, spec, hp);
+  const int64_t unset = -1;
+  hp.pooling_type = ranged(f, a + "pooling_type", -1, 1 << 16, &unset);  // read, not used: any value loads
+  const GGUFTensor* cls = f.find("cls.output.weight");
+  if (cls && (cls->ne[0] != hp.n_embd || cls->ne[1] < 1 || cls->ne[1] > 64))
+    f.fail("tensor 'cls.output.weight' has shape [" + std::to_string(cls->ne[0]) + ", " + std::to_string(cls->ne[1]) +
+           "], expected [" + std::to_string(hp.n_embd) + ", 1..64]");
+  hp.n_cls_out = cls ? (int)cls->ne[1] : 0;
   return hp;
 }
 

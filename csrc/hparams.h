@@ -76,6 +76,8 @@ struct HParams {
   float attn_temp_scale = 0.f;  // q × 1 + s·ln(⌊pos / attn_temp_floor⌋ + 1) (mistral3, llama4); 0 = none
   int attn_temp_floor = 0;
   MoeParams moe;              // n_expert == 0: every layer dense
+  int pooling_type = -1;      // <arch>.pooling_type (llama.cpp's enum: 1 mean, 3 last, 4 rank), -1 = unset
+  int n_cls_out = 0;          // rows of the classifier head cls.output.weight (a reranker's), 0 = none
   int kv_dim() const { return n_head_kv * head_dim; }
   float attn_temperature(int pos) const {
     return attn_temp_scale == 0.f ? 1.f : 1.f + attn_temp_scale * std::log(std::floor((float)pos / attn_temp_floor) + 1.f);

@@ -86,6 +86,8 @@ void Model::load_weights() {
   tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
   output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;
   output_norm_ = vec("output_norm.weight", E);
+  cls_out_ = vec("cls.output.weight", (int64_t)hp_.n_cls_out * E, true);
+  cls_out_b_ = vec("cls.output.bias", hp_.n_cls_out, true);
   layers_.resize(hp_.n_layer);
   for (int il = 0; il < hp_.n_layer; il++) {
     LayerWeights& L = layers_[il];
@@ -393,6 +395,21 @@ void Model::project(ThreadPool& pool, const float* hidden, int R, std::vector<fl
     for (int i = 0; i < hp_.n_vocab; i++) l[i] *= mult;
     if (cap > 0.f) softcap(l, hp_.n_vocab, cap);
   }, INLINE_ROWS);
+}
+
+double Model::rank(const std::vector<double>& h) const {
+  const int E = hp_.n_embd, n = hp_.n_cls_out;
+  std::vector<double> z(n);
+  for (int r = 0; r < n; r++) {
+    double acc = cls_out_b_.empty() ? 0.0 : cls_out_b_[r];
+    for (int i = 0; i < E; i++) acc += (double)cls_out_[(size_t)r * E + i] * h[i];
+    z[r] = acc;
+  }
+  if (n == 1) return z[0];
+  const double top = *std::max_element(z.begin(), z.end());
+  double sum = 0;
+  for (double v : z) sum += std::exp(v - top);
+  return std::exp(z[0] - top) / sum;
 }
 
 }  // namespace pyserve

@@ -60,6 +60,10 @@ class Model {
   // The output projection of R final-norm states hidden[R × n_embd] into logits[R × n_vocab]: the same bits
   // as forward's logits of those rows (the matmul is batch-invariant). Call between forwards.
   void project(ThreadPool& pool, const float* hidden, int R, std::vector<float>& logits);
+  // A reranker's relevance score of one final-norm state h[n_embd] (llama.cpp's RANK pooling, in double): the
+  // classifier head's rows cls_out · h + cls_out_b; with two or more rows (Qwen3-Reranker's "yes", "no" rows
+  // of its LM head) the softmax's first entry, P(yes); with one row its raw logit. Needs hparams().n_cls_out.
+  double rank(const std::vector<double>& h) const;
 
  private:
   void load_weights();
@@ -86,6 +90,7 @@ class Model {
   HParams hp_;
   Weight tok_embd_, output_;
   std::vector<float> output_norm_;
+  std::vector<float> cls_out_, cls_out_b_;  // [n_cls_out × n_embd], [n_cls_out] or empty: a reranker's head
   std::vector<LayerWeights> layers_;
   RopeParams rope_global_, rope_local_;
   std::vector<float> rope_freqs_, rope_short_, rope_long_;  // [rope_dim / 2] frequency factors, or empty

@@ -21,7 +21,7 @@ enum class SeqStatus { WAITING, RUNNING, FINISHED };
 
 // An embedding request's pooling of the final-norm hidden states (the output projection's input) of its
 // prompt: the last row (vLLM's default for decoder models) or the mean of every row.
-enum class Pooling { NONE, LAST, MEAN };
+enum class Pooling { NONE, LAST, MEAN, RANK };  // RANK: LAST's row through the classifier head (Model::rank)
 
 struct StopConfig {
   int max_tokens = 16;                 // generated tokens at most
@@ -65,7 +65,7 @@ struct Sequence {
   int n_pending() const { return (int)tokens.size() - n_computed; }
   bool prefill_only() const { return pooling != Pooling::NONE || stop.max_tokens == 0; }
   // Prompt rows [record_begin(), record_end()) whose output is recorded: row p's logits score token p + 1.
-  int record_begin() const { return pooling == Pooling::LAST ? n_prompt - 1 : 0; }
+  int record_begin() const { return pooling == Pooling::LAST || pooling == Pooling::RANK ? n_prompt - 1 : 0; }
   int record_end() const {
     return pooling != Pooling::NONE ? n_prompt : prompt_logprobs >= 0 ? n_prompt - 1 : 0;
   }

@@ -471,16 +471,26 @@ def _write_multipliers(w: GGUFWriter, arch: str, cfg: dict) -> None:
         w.add_float32(f"{arch}.attention.scale", float(cfg["attention_scale"]))
 
 
+def _write_rerank_keys(w: GGUFWriter, template: str | None) -> None:
+    """What llama.cpp's converter writes for Qwen3-Reranker: pooling RANK and the query/document template."""
+    w.add_pooling_type(gguf.PoolingType.RANK)
+    if template is not None:
+        w.add_string("tokenizer.chat_template.rerank", template)
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
+                     rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
                      **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
     have them, gemma3 not). rope_freqs: llama only (llama3-style frequency factors). dims: override
     default_dims() (n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, eps, rope_base,
-    sliding_window).
+    sliding_window). rerank: rows of a reranker's classifier head cls.output.weight (Qwen3-Reranker: 2, its
+    "yes" and "no" rows) with pooling_type RANK, 0 = none; rerank_template: its tokenizer.chat_template.rerank;
+    rerank_bias: the head's cls.output.bias too.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
@@ -578,6 +588,10 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     add("output_norm.weight", out_norm_scale * norm(n_embd))
     if not tied:
         add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
+    if rerank:  # drawn last: the other tensors stay those of the same seed without a head
+        add("cls.output.weight", mat(rerank, n_embd, 4.0))
+        if rerank_bias:
+            add("cls.output.bias", rng.standard_normal(rerank).astype(np.float32))
     if rope_freqs:
         # llama3-style: factor 1 for the high frequencies, up to 8 for the low ones
         half = hd // 2
@@ -629,6 +643,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_add_eos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    if rerank:
+        _write_rerank_keys(w, rerank_template)
 
     for tname, data, role in tensors:
         t = "F32" if role is None else _qtype_for(role, qtype)

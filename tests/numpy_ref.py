@@ -417,6 +417,18 @@ def ref_hidden(path_or_reader: Any, token_ids: Sequence[int], rows: Iterable[int
     return load_model(path_or_reader).hidden(token_ids, rows, dtype, emulate_ggml, emulate_seed)
 
 
+def ref_rank(path_or_reader: Any, token_ids: Sequence[int]) -> float:
+    """A reranker's relevance score (llama.cpp's RANK pooling): the last final-norm state through the
+    classifier head cls.output.weight (+ cls.output.bias); with two or more rows the softmax's first entry
+    (Qwen3-Reranker's P(yes)), with one row the raw logit."""
+    m = load_model(path_or_reader)
+    h = m.hidden(token_ids, [len(token_ids) - 1], np.float64)[0]
+    z = m.weight("cls.output.weight").astype(np.float64) @ h
+    b = m.weight("cls.output.bias", optional=True)
+    z = z + b if b is not None else z
+    return float(z[0]) if len(z) == 1 else float(softmax(z)[0])
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     m = x.max(axis=-1, keepdims=True)

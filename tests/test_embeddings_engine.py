@@ -153,7 +153,8 @@ def test_refused_requests_raise_before_queueing(llm):
     V, n_ctx = eng.hparams["n_vocab"], eng.config["n_ctx"]
     cases = [([], "last", "prompt is empty"), ([2, V], "last", "prompt: token id"),
              ([2] * (n_ctx + 1), "mean", rf"prompt \({n_ctx + 1} tokens\) exceeds the context length"),
-             ([2, 3], "max", "pooling must be 'last' or 'mean'")]
+             ([2, 3], "max", "pooling must be 'last', 'mean' or 'rank'"),
+             ([2, 3], "rank", "pooling: this model is not a reranker")]
     for ids, pooling, match in cases:
         with pytest.raises(ValueError, match="^" + match):
             eng.check_embed(ids, pooling)

@@ -306,8 +306,8 @@ class AsyncLLM:
         return await trio.to_thread.run_sync(self.llm.grammars.compile, so, abandon_on_cancel=True)
 
     def check_embed(self, prompt_ids: list[int], pooling: str = "last", normalize: bool = True) -> None:
-        """Raises the ValueError `embed` would raise (empty, too long, bad ids, pooling not 'last' / 'mean'),
-        queueing nothing."""
+        """Raises the ValueError `embed` would raise (empty, too long, bad ids, pooling not 'last' / 'mean' /
+        'rank', 'rank' on a model without a classifier head), queueing nothing."""
         self.loop.check_embed(prompt_ids, pooling, normalize)
 
     async def generate(self, prompt: PromptType, params: Optional[SamplingParams] = None,
@@ -359,10 +359,11 @@ class AsyncLLM:
     async def embed(self, prompt: PromptType, pooling: str = "last", normalize: bool = True,
                     request_id: Optional[str] = None) -> np.ndarray:
         """The prompt's embedding, float32 [n_embd]: its final-norm hidden state pooled over the prompt, "last"
-        (the last token's) or "mean" (of every token's), L2-normalised if `normalize`. One prefill-only engine
-        request, batched with whatever else runs. Raises ValueError before queueing for a refused request
-        (check_embed's rules, a request id still live); RuntimeError if the engine ends it first (abort(),
-        shutdown, an engine error). Cancelling the caller aborts the request and frees its blocks."""
+        (the last token's) or "mean" (of every token's), L2-normalised if `normalize`; "rank": [1] a reranker's
+        relevance score of the prompt (Model::rank). One prefill-only engine request, batched with whatever else
+        runs. Raises ValueError before queueing for a refused request (check_embed's rules, a request id still
+        live); RuntimeError if the engine ends it first (abort(), shutdown, an engine error). Cancelling the
+        caller aborts the request and frees its blocks."""
         rid, eid = self._new_id(request_id)
         ids = self.prompt_ids(prompt)
         self.loop.add_embed(eid, ids, pooling, normalize)  # validates: ValueError, nothing queued

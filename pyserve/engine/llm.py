@@ -108,7 +108,8 @@ class LLM:
               normalize: bool = True) -> list[np.ndarray]:
         """The embedding of every prompt (a string, or {"prompt_token_ids": [...]}), all batched together: its
         final-norm hidden state (float32 [n_embd]) pooled over the prompt, "last" (the last token's) or "mean"
-        (of every token's), L2-normalised if `normalize`. Raises ValueError, queueing nothing, if any is refused."""
+        (of every token's), L2-normalised if `normalize`; "rank": [1] a reranker's relevance score. Raises
+        ValueError, queueing nothing, if any is refused."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         ids = [prompt_ids(self.tokenizer, p)[1] for p in prompts]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic.json_schema import models_json_schema
 
 from . import protocol as p
+from . import protocol_rerank as rr
 from . import responses as r
 
 _REF = "#/components/schemas/{model}"
@@ -15,7 +16,8 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (r.CompletionResponse, "serialization"), (r.ModelList, "serialization"), (r.ModelCard, "serialization"),
            (r.TokenizeResponse, "serialization"), (r.DetokenizeResponse, "serialization"),
            (r.TemplateResponse, "serialization"), (r.TokenizerInfo, "serialization"),
-           (r.ErrorResponse, "serialization")]
+           (r.ErrorResponse, "serialization"), (rr.RerankRequest, "validation"),
+           (rr.RerankResponse, "serialization"), (rr.ScoreRequest, "validation"), (rr.ScoreResponse, "serialization")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -60,6 +62,9 @@ def _paths() -> dict:
         "/v1/chat/completions": _post("chat completion", p.ChatCompletionRequest, r.ChatCompletionResponse,
                                       r.ChatCompletionChunk),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
+        "/v1/rerank": _post("documents ranked by a reranker model's relevance to a query (Jina / Cohere)",
+                            rr.RerankRequest, rr.RerankResponse),
+        "/v1/score": _post("a reranker's relevance scores of text pairs (vLLM's)", rr.ScoreRequest, rr.ScoreResponse),
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),
         "/apply-template": _post("messages to the prompt text", p.TemplateRequest, r.TemplateResponse),

@@ -26,11 +26,7 @@ class EmbeddingServing:
             raise bad_request(f"this model's embeddings have {m.n_embd} dimensions; it cannot return "
                               f"{req.dimensions}", param="dimensions")
         inputs = [self._ids(x, req.add_special_tokens is not False) for x in req.inputs]
-        ticket = ctx.admit(Demand([(len(ids), 0) for ids in inputs], 0))
-        try:
-            vectors = await self._embed_all(inputs, ctx.response_id("embd"))
-        finally:
-            ticket.release()
+        vectors = await embed_all(m, ctx, inputs, ctx.response_id("embd"), m.pooling, m.normalize_embeddings)
         data = [EmbeddingData.model_construct(object="embedding", index=i, embedding=_encode(v, req.encoding_format))
                 for i, v in enumerate(vectors)]
         n = sum(len(ids) for ids in inputs)
@@ -48,18 +44,24 @@ class EmbeddingServing:
             raise from_engine(e, "input") from None
         return x
 
-    async def _embed_all(self, inputs: list[list[int]], rid: str) -> list[np.ndarray]:
-        out: list = [None] * len(inputs)
 
-        async def one(i: int) -> None:
-            out[i] = await self.model.engine.embed(inputs[i], pooling=self.model.pooling,
-                                                   normalize=self.model.normalize_embeddings,
-                                                   request_id=f"{rid}-{i}")
+async def embed_all(m: ServedModel, ctx: RequestContext, inputs: list[list[int]], rid: str, pooling: str,
+                    normalize: bool) -> list[np.ndarray]:
+    """One prefill-only engine request per input (ids), all in one nursery, admitted together: their pooled
+    vectors, in order (a 'rank' one: [1] its relevance score)."""
+    out: list = [None] * len(inputs)
 
+    async def one(i: int) -> None:
+        out[i] = await m.engine.embed(inputs[i], pooling=pooling, normalize=normalize, request_id=f"{rid}-{i}")
+
+    ticket = ctx.admit(Demand([(len(ids), 0) for ids in inputs], 0))
+    try:
         async with trio.open_nursery() as nursery:
             for i in range(len(inputs)):
                 nursery.start_soon(one, i)
-        return out
+    finally:
+        ticket.release()
+    return out
 
 
 def _encode(v: np.ndarray, fmt: str) -> Union[list[float], str]:
