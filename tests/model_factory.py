@@ -474,13 +474,14 @@ def _write_multipliers(w: GGUFWriter, arch: str, cfg: dict) -> None:
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
-                     **dims: Any) -> Path:
+                     vocab: Mapping[str, Any] | None = None, **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
     have them, gemma3 not). rope_freqs: llama only (llama3-style frequency factors). dims: override
     default_dims() (n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, eps, rope_base,
-    sliding_window).
+    sliding_window). vocab: ``tokenizer.ggml.*`` metadata (key -> value, e.g. a vocabulary of tests/data/vocab
+    read by gguf_vocab.vocab_meta) written in place of the built-in byte-level vocabulary.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
@@ -503,7 +504,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     moe_cfg = moe_config(arch, qtype, moe)
 
     tokens, types, merges, bos, eos = tokenizer_vocab()
-    n_vocab = len(tokens)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"]) if vocab else len(tokens)
     rng = np.random.default_rng(seed)
 
     def mat(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
@@ -618,15 +619,11 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_file_type(FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    _write_vocab(w, vocab or {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                              "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                              "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": bos,
+                              "tokenizer.ggml.eos_token_id": eos, "tokenizer.ggml.add_bos_token": True,
+                              "tokenizer.ggml.add_eos_token": False})
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
@@ -643,6 +640,21 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _write_vocab(w: GGUFWriter, vocab: Mapping[str, Any]) -> None:
+    """The tokenizer.ggml.* keys, each with the GGUF type llama.cpp reads it as (ids uint32, types int32)."""
+    for key, v in vocab.items():
+        if not key.startswith("tokenizer.ggml."):
+            continue
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        else:
+            w.add_array(key, list(v))
 
 
 __all__ = ["write_test_model", "default_dims", "moe_config", "MOE_ARCHS", "tokenizer_vocab", "bytes_to_unicode", "quantize",

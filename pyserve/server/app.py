@@ -23,6 +23,7 @@ from ..openai.served_model import ServedModel
 from ..openai.serving_chat import ChatServing
 from ..openai.serving_completions import CompletionServing
 from ..openai.serving_embeddings import EmbeddingServing
+from ..openai.serving_infill import InfillServing
 from ..openai.serving_tokens import TokenServing
 from .config import ServerConfig
 from .edge import Edge
@@ -49,6 +50,7 @@ class Serving:
         self.completions = CompletionServing(model)
         self.tokens = TokenServing(model, self.chat)
         self.embeddings = EmbeddingServing(model)
+        self.infill = InfillServing(model)
 
 
 class AppState:
