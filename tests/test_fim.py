@@ -14,8 +14,10 @@ import openai
 import pytest
 
 import model_factory as tm
-from gguf_vocab import vocab_meta
+from gguf_vocab import vocab_meta, vocab_tokenizer
 from pyserve.bench.launch import ServerProcess
+from pyserve.engine.fim_tokens import FimTokens
+from pyserve.engine.tokenizer import Tokenizer
 from pyserve.engine.model_source import resolve_model
 
 # Qwen2.5-Coder's FIM tokens (its GGUFs: control tokens at these ids)
@@ -77,6 +79,21 @@ def expected(srv, model: str, prefix: str, suffix: str, extra=(), prompt: str = 
 
 def plain(sdk, model: str, prompt_ids: list[int]):
     return sdk.completions.create(model=model, prompt=prompt_ids, max_tokens=N, temperature=0)
+
+
+def test_fim_tokens_come_from_the_keys_else_the_texts():
+    """llama.cpp's finding of FIM tokens on its test vocabularies: by text (StarCoder, Refact's <reponame>,
+    DeepSeek-Coder's user-defined ones, made control so text never spells them), none in a vocabulary
+    without them, and a GGUF key before any text; pad / repo tokens also end generation."""
+    assert vocab_tokenizer("starcoder").fim_tokens() == FimTokens(pre=1, suf=3, mid=2, pad=4)
+    assert vocab_tokenizer("refact").fim_tokens() == FimTokens(pre=1, suf=3, mid=2, pad=4, rep=18)
+    assert 4 in vocab_tokenizer("starcoder").eos_ids and 18 in vocab_tokenizer("refact").eos_ids
+    ds = vocab_tokenizer("deepseek-coder")
+    assert ds.fim_tokens() == FimTokens(pre=32016, suf=32015, mid=32017)
+    assert 32016 not in ds.encode("<｜fim▁begin｜>", add_special=False)
+    assert not vocab_tokenizer("llama-spm").fim_tokens().complete
+    keyed = Tokenizer.from_gguf_metadata(dict(vocab_meta("starcoder"), **{"tokenizer.ggml.fim_pre_token_id": 7}))
+    assert keyed.fim_tokens().pre == 7 and keyed.fim_tokens().suf == 3
 
 
 @pytest.mark.parametrize("model", sorted(LAYOUTS))
@@ -157,3 +174,12 @@ def test_echo_with_suffix_is_refused(sdk):
     with pytest.raises(openai.BadRequestError) as ei:
         sdk.completions.create(model="qwen", prompt=PREFIX, suffix=SUFFIX, echo=True, max_tokens=N)
     assert ei.value.body["param"] == "echo"
+
+
+def test_suffix_streams_the_same_middle(sdk):
+    whole = sdk.completions.create(model="qwen", prompt=PREFIX, suffix=SUFFIX, max_tokens=N, temperature=0)
+    chunks = sdk.completions.create(model="qwen", prompt=PREFIX, suffix=SUFFIX, max_tokens=N, temperature=0,
+                                    stream=True, stream_options={"include_usage": True})
+    parts = list(chunks)
+    assert "".join(c.text for p in parts for c in p.choices) == whole.choices[0].text
+    assert parts[-1].usage.prompt_tokens == whole.usage.prompt_tokens
