@@ -482,7 +482,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
                      rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
-                     **dims: Any) -> Path:
+                     vocab: Mapping[str, Any] | None = None, **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
@@ -491,6 +491,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     sliding_window). rerank: rows of a reranker's classifier head cls.output.weight (Qwen3-Reranker: 2, its
     "yes" and "no" rows) with pooling_type RANK, 0 = none; rerank_template: its tokenizer.chat_template.rerank;
     rerank_bias: the head's cls.output.bias too.
+    vocab: ``tokenizer.ggml.*`` metadata (key -> value, e.g. a vocabulary of tests/data/vocab
+    read by gguf_vocab.vocab_meta) written in place of the built-in byte-level vocabulary.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
@@ -513,7 +515,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     moe_cfg = moe_config(arch, qtype, moe)
 
     tokens, types, merges, bos, eos = tokenizer_vocab()
-    n_vocab = len(tokens)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"]) if vocab else len(tokens)
     rng = np.random.default_rng(seed)
 
     def mat(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
@@ -632,15 +634,11 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_file_type(FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    _write_vocab(w, vocab or {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                              "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+                              "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": bos,
+                              "tokenizer.ggml.eos_token_id": eos, "tokenizer.ggml.add_bos_token": True,
+                              "tokenizer.ggml.add_eos_token": False})
     if chat_template is not None:
         w.add_chat_template(chat_template)
     if rerank:
@@ -659,6 +657,21 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _write_vocab(w: GGUFWriter, vocab: Mapping[str, Any]) -> None:
+    """The tokenizer.ggml.* keys, each with the GGUF type llama.cpp reads it as (ids uint32, types int32)."""
+    for key, v in vocab.items():
+        if not key.startswith("tokenizer.ggml."):
+            continue
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        else:
+            w.add_array(key, list(v))
 
 
 __all__ = ["write_test_model", "default_dims", "moe_config", "MOE_ARCHS", "tokenizer_vocab", "bytes_to_unicode", "quantize",

@@ -92,7 +92,8 @@ BAD_COMPLETION = [
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "echo": "no"}, "echo"),
-    ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "suffix": 5}, "suffix"),
+    ({"prompt": "x", "suffix": "y", "echo": True}, "echo"),  # fill-in-the-middle echoes no prompt
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
 ]

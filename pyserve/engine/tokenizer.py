@@ -40,6 +40,8 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers
 
+from .fim_tokens import FimTokens, read_fim_tokens
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Tokenizer", "SUPPORTED_MODELS"]
@@ -222,7 +224,8 @@ class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build with :meth:`from_gguf_metadata`."""
 
     def __init__(self, *, hf: _HFTokenizer, model: str, pre: str | None, tokens: list[str], attrs: list[int],
-                 piece_bytes: list[bytes], specials: _Specials, eos_ids: tuple[int, ...]) -> None:
+                 piece_bytes: list[bytes], specials: _Specials, eos_ids: tuple[int, ...],
+                 fim: FimTokens = FimTokens()) -> None:
         self._hf = hf
         self.model = model
         self.pre = pre
@@ -236,6 +239,7 @@ class Tokenizer:
         self.add_eos = specials.add_eos
         self.add_space_prefix = specials.add_space_prefix
         self.vocab_size = len(tokens)
+        self._fim = fim
         self._lock = threading.Lock()
         self._encode_special = True  # state of hf.encode_special_tokens (True = specials NOT parsed)
         hf.encode_special_tokens = True
@@ -251,9 +255,10 @@ class Tokenizer:
         tokens, types, token_to_id = _read_tokens(meta)
         pre = _get(meta, "tokenizer.ggml.pre")
         specials = _read_specials(meta, model, pre, len(tokens))
-        eos_ids = _eog_ids(specials, types, token_to_id)
+        fim = read_fim_tokens(meta, token_to_id)
+        eos_ids = _eog_ids(specials, types, token_to_id, fim.end_ids())
         attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types]
-        _force_control(attrs, types, token_to_id, (specials.eot_id, specials.eom_id))
+        _force_control(attrs, types, token_to_id, (specials.eot_id, specials.eom_id, *fim.ids()))
         merges = _get(meta, "tokenizer.ggml.merges", [])
         if model == "llama":
             hf = _build_spm(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, specials.unk_id,
@@ -265,7 +270,7 @@ class Tokenizer:
         piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes if model == "gpt2" else _spm_normal_bytes)
         _add_special_tokens(hf, tokens, attrs, _rstrip_ids(meta, attrs, token_to_id))
         return cls(hf=hf, model=model, pre=pre, tokens=tokens, attrs=attrs, piece_bytes=piece_bytes,
-                   specials=specials, eos_ids=eos_ids)
+                   specials=specials, eos_ids=eos_ids, fim=fim)
 
     # ------------------------------------------------------------------------------ encode
 
@@ -338,6 +343,10 @@ class Tokenizer:
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
     # ------------------------------------------------------------------------------ misc
+
+    def fim_tokens(self) -> FimTokens:
+        """The fill-in-the-middle tokens (fim_tokens.py: the GGUF keys, else the family's token texts)."""
+        return self._fim
 
     def special_texts(self) -> dict[str, str]:
         """bos_token / eos_token strings for chat templates ("" where the vocab has none)."""
@@ -441,12 +450,14 @@ def _marker_ids(texts: Iterable[str], types: list[int], token_to_id: Mapping[str
     return [i for i in ids if i is not None and types[i] in (TT_CONTROL, TT_USER_DEFINED)]
 
 
-def _eog_ids(sp: _Specials, types: list[int], token_to_id: Mapping[str, int]) -> tuple[int, ...]:
-    """End-of-generation ids: eos, eot/eom from the metadata, and the well-known end-of-turn texts
+def _eog_ids(sp: _Specials, types: list[int], token_to_id: Mapping[str, int],
+             fim_end_ids: Iterable[int] = ()) -> tuple[int, ...]:
+    """End-of-generation ids: eos, eot/eom from the metadata, the well-known end-of-turn texts
     that the vocabulary marks as special (Gemma 4's user-defined ``<|tool_response>`` too: the model
-    stops there to wait for the tool); the first one found leads, the rest by id."""
+    stops there to wait for the tool), and FIM pad / repo / file-separator tokens (as llama.cpp: a
+    coder model writing one has finished); the first one found leads, the rest by id."""
     eog: list[int] = []
-    for i in (sp.eos_id, sp.eot_id, sp.eom_id, *_marker_ids(_EOG_TEXTS, types, token_to_id)):
+    for i in (sp.eos_id, sp.eot_id, sp.eom_id, *_marker_ids(_EOG_TEXTS, types, token_to_id), *fim_end_ids):
         if i is not None and i not in eog:
             eog.append(i)
     return tuple(eog[:1] + sorted(eog[1:]))

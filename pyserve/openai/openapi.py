@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic.json_schema import models_json_schema
 
+from . import infill_protocol as fim
 from . import protocol as p
 from . import protocol_rerank as rr
 from . import responses as r
@@ -17,7 +18,8 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (r.TokenizeResponse, "serialization"), (r.DetokenizeResponse, "serialization"),
            (r.TemplateResponse, "serialization"), (r.TokenizerInfo, "serialization"),
            (r.ErrorResponse, "serialization"), (rr.RerankRequest, "validation"),
-           (rr.RerankResponse, "serialization"), (rr.ScoreRequest, "validation"), (rr.ScoreResponse, "serialization")]
+           (rr.RerankResponse, "serialization"), (rr.ScoreRequest, "validation"), (rr.ScoreResponse, "serialization"),
+           (fim.InfillRequest, "validation"), (fim.InfillResponse, "serialization")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -61,6 +63,8 @@ def _paths() -> dict:
         "/v1/completions": _post("text completion", p.CompletionRequest, r.CompletionResponse, r.CompletionResponse),
         "/v1/chat/completions": _post("chat completion", p.ChatCompletionRequest, r.ChatCompletionResponse,
                                       r.ChatCompletionChunk),
+        "/infill": _post("llama.cpp's fill-in-the-middle (a stream: its objects, the last with stop true, no "
+                         "[DONE])", fim.InfillRequest, fim.InfillResponse),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/v1/rerank": _post("documents ranked by a reranker model's relevance to a query (Jina / Cohere)",
                             rr.RerankRequest, rr.RerankResponse),

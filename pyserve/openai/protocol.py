@@ -545,15 +545,10 @@ class CompletionRequest(_Sampling):
     prompt_logprobs: PromptLogprobs = None
     response_format: Optional[ResponseFormat] = None  # as chat's (vLLM takes it on completions too)
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise _unsupported("'suffix' (fill-in-the-middle)")
-        return v
-
     @model_validator(mode="after")
     def _choices(self):
+        if self.suffix and self.echo:  # the prompt the model gets is the FIM layout, not the text sent
+            raise bad_request("'echo' cannot be used with 'suffix' (fill-in-the-middle)", param="echo")
         if self.max_tokens == 0 and self.prompt_logprobs_wanted() is None:
             raise bad_request("'max_tokens' must be at least 1 (0 only scores the prompt: with 'echo' and "
                               "'logprobs', or 'prompt_logprobs')", param="max_tokens")

@@ -5,6 +5,7 @@ from typing import Optional, Union
 
 from ..engine.output_processor import RequestState
 from .context import RequestContext
+from .fim import FimParts, check_sizes, fim_prompt
 from .protocol import CompletionRequest
 from .responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage, now
 from .served_model import ServedModel
@@ -20,22 +21,28 @@ class CompletionServing:
     async def create(self, req: CompletionRequest,
                      ctx: RequestContext) -> Union[CompletionResponse, EventStream]:
         self.model.check_name(req.model)
-        prompts = [self._ids(p, req.add_special_tokens is not False) for p in req.prompts]
+        prompts = [self._ids(p, req) for p in req.prompts]
         rid = ctx.response_id("cmpl")
         requests, ticket = await engine_requests(self.model, ctx, rid, req, prompts, "prompt")
-        shape = _Shapes(self.model, req, rid, prompts, _silent_ids(self.model, requests[0].params))
+        shape = _Shapes(self.model, req, rid, prompts, silent_ids(self.model, requests[0].params))
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
 
-    def _ids(self, prompt: Union[str, list[int]], add_special: bool) -> list[int]:
+    def _ids(self, prompt: Union[str, list[int]], req: CompletionRequest) -> list[int]:
+        """The prompt's token ids; with a `suffix`, the fill-in-the-middle layout of prompt and suffix (fim.py)."""
+        if isinstance(prompt, str):
+            self.model.check_text_size(len(prompt.encode()), "prompt", factor=8 if req.suffix else 1)
+        if req.suffix:
+            check_sizes(self.model, {"suffix": len(req.suffix.encode())})
+            return fim_prompt(self.model, FimParts(prompt, req.suffix), req.max_tokens, "suffix")
         if not isinstance(prompt, str):
             return prompt
-        self.model.check_text_size(len(prompt.encode()), "prompt")
-        return self.model.tokenizer.encode(prompt, add_special=add_special, parse_special=True)
+        return self.model.tokenizer.encode(prompt, add_special=req.add_special_tokens is not False,
+                                           parse_special=True)
 
 
-def _silent_ids(model: ServedModel, params) -> frozenset:
+def silent_ids(model: ServedModel, params) -> frozenset:
     """The ids that end a choice ("stop") without writing text: the output processor's own set."""
     return RequestState.for_params(model.tokenizer, [], params).stop_ids
 

@@ -24,6 +24,7 @@ from ..openai.serving_chat import ChatServing
 from ..openai.serving_completions import CompletionServing
 from ..openai.serving_embeddings import EmbeddingServing
 from ..openai.serving_rerank import RerankServing
+from ..openai.serving_infill import InfillServing
 from ..openai.serving_tokens import TokenServing
 from .config import ServerConfig
 from .edge import Edge
@@ -51,6 +52,7 @@ class Serving:
         self.tokens = TokenServing(model, self.chat)
         self.embeddings = EmbeddingServing(model)
         self.rerank = RerankServing(model)
+        self.infill = InfillServing(model)
 
 
 class AppState:

@@ -7,6 +7,7 @@ from quart_trio import QuartTrio
 from ..openai.openapi import openapi_document
 from ..openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
                                TemplateRequest, TokenizeRequest, parse_body)
+from ..openai.infill_protocol import InfillRequest
 from ..openai.responses import ModelList
 from .info import model_info, server_info, version
 from .metrics import CONTENT_TYPE
@@ -36,6 +37,12 @@ def _generation_routes(app: QuartTrio, state) -> None:
         req = await _body(CompletionRequest)
         serving = await state.serving(req.model)
         return reply(await serving.completions.create(req, state.context()), bool(req.stream))
+
+    @app.post("/infill")  # llama.cpp's fill-in-the-middle (serving_infill.py)
+    async def infill():
+        req = await _body(InfillRequest)
+        serving = await state.serving(req.model)
+        return reply(await serving.infill.create(req, state.context()), bool(req.stream))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
