@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic.json_schema import models_json_schema
 
+from ..anthropic import protocol as a
 from . import protocol as p
 from . import responses as r
 
@@ -15,7 +16,8 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (r.CompletionResponse, "serialization"), (r.ModelList, "serialization"), (r.ModelCard, "serialization"),
            (r.TokenizeResponse, "serialization"), (r.DetokenizeResponse, "serialization"),
            (r.TemplateResponse, "serialization"), (r.TokenizerInfo, "serialization"),
-           (r.ErrorResponse, "serialization")]
+           (r.ErrorResponse, "serialization"), (a.MessagesRequest, "validation"),
+           (a.CountTokensRequest, "validation")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -23,7 +25,11 @@ _JSON = {"type": "object", "additionalProperties": True}
 
 
 def _ref(model) -> dict:
-    return {"$ref": _REF.format(model=model.__name__)}
+    return _JSON if model is _JSON_REF else {"$ref": _REF.format(model=model.__name__)}
+
+
+class _JSON_REF:
+    """A response described as any JSON object (Anthropic's shapes are its SDK's, not pyserve's models)."""
 
 
 def _error(desc: str) -> dict:
@@ -39,6 +45,14 @@ def _post(summary: str, req, ok, stream=None) -> dict:
     responses.update({code: _error(desc) for code, desc in _ERRORS.items()})
     return {"post": {"summary": summary, "responses": responses,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(req)}}}}}
+
+
+def _anthropic(path: dict) -> dict:
+    """An Anthropic route: its errors are Anthropic's {"type": "error", "error": {"type", "message"}}."""
+    for code, resp in path["post"]["responses"].items():
+        if code != "200":
+            resp["content"]["application/json"]["schema"] = _JSON
+    return path
 
 
 def _get(summary: str, ok: dict, errors: tuple = ("401",)) -> dict:
@@ -59,6 +73,10 @@ def _paths() -> dict:
         "/v1/completions": _post("text completion", p.CompletionRequest, r.CompletionResponse, r.CompletionResponse),
         "/v1/chat/completions": _post("chat completion", p.ChatCompletionRequest, r.ChatCompletionResponse,
                                       r.ChatCompletionChunk),
+        "/v1/messages": _anthropic(_post("Anthropic's Messages API (streamed: Anthropic's named SSE events)",
+                                         a.MessagesRequest, _JSON_REF)),
+        "/v1/messages/count_tokens": _anthropic(_post("Anthropic's token count of a message request",
+                                                      a.CountTokensRequest, _JSON_REF)),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),
