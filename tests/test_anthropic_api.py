@@ -1,7 +1,7 @@
 """Anthropic's Messages API with the anthropic SDK and LangChain's ChatAnthropic as the checks: text,
 stop_sequences and max_tokens stop reasons, streaming equal to the non-streamed text, tools (a required call
-then a tool_result round trip, streamed input_json_delta), count_tokens, thinking accepted, and errors in
-Anthropic's shape (the SDK's exception classes), x-api-key auth."""
+then a tool_result round trip, streamed input_json_delta), count_tokens, thinking accepted, errors in
+Anthropic's shape (the SDK's exception classes), x-api-key auth, and litellm's anthropic/ route."""
 from __future__ import annotations
 
 import json
@@ -113,3 +113,15 @@ def test_langchain_chat_anthropic(server):
     assert text and "".join(c.content for c in llm.stream("Write a short story about a cat.")) == text
     call = llm.bind_tools([WEATHER], tool_choice="get_weather", max_tokens=100).invoke("What is the weather in Paris?")
     assert call.tool_calls[0]["name"] == "get_weather" and isinstance(call.tool_calls[0]["args"]["city"], str)
+
+
+def test_litellm_anthropic_route(server, ac):
+    import litellm
+
+    kw = dict(model="anthropic/" + server.model, api_base=server.url, api_key="unused", max_tokens=8, temperature=0,
+              messages=HELLO)
+    r = litellm.completion(**kw)
+    m = ac.messages.create(model=server.model, max_tokens=8, messages=HELLO, extra_body=T0)
+    assert r.choices[0].message.content == m.content[0].text and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8
+    assert "".join(c.choices[0].delta.content or "" for c in litellm.completion(**kw, stream=True)) == m.content[0].text
