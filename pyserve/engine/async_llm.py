@@ -62,6 +62,7 @@ class StreamOutput:
     # SamplingParams.prompt_logprobs set, on each sample's first output only: per prompt token, None for the
     # first, else {prompt token: logprob, then its top alternatives} (the n samples share one list)
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    stop_reason: Optional[str] = None  # on the final output: the stop string that ended it (vLLM's)
 
 
 class _Sample:
@@ -90,6 +91,7 @@ class _Sample:
         if d.logprobs is not None:
             p.logprobs = d.logprobs if p.logprobs is None else p.logprobs + d.logprobs
         p.finish_reason = d.finish_reason or p.finish_reason
+        p.stop_reason = d.stop_reason or p.stop_reason
 
     def take(self) -> Delta:
         d, self.pending = self.pending, None
@@ -345,7 +347,7 @@ class AsyncLLM:
         if stream.prompt_logprobs is not None and not s.prompt_logprobs_sent:
             plp, s.prompt_logprobs_sent = stream.prompt_logprobs, True
         return StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
-                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index, plp)
+                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index, plp, d.stop_reason)
 
     def _new_id(self, request_id: Optional[str]) -> tuple[str, str]:
         """(user id, engine id) of a new call; raises ValueError for a user id still live."""

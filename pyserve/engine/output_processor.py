@@ -30,6 +30,7 @@ class Delta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: Optional[list[dict[int, float]]] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[str] = None  # the stop string that ended the sample (vLLM's stop_reason)
 
 
 class RequestState:
@@ -66,12 +67,13 @@ class RequestState:
             d.text = self.stops.feed(text) if self.n_tokens >= self.min_tokens else text
             if self.stops.matched is not None:
                 self.finish_reason = d.finish_reason = "stop"
+                d.stop_reason = self.stops.matched
                 return d
         if finish_reason:
             if finish_reason != "abort":
                 d.text += self.stops.feed(self.detok.flush())
                 d.text += self.stops.flush()
                 if self.stops.matched is not None:
-                    finish_reason = "stop"
+                    finish_reason, d.stop_reason = "stop", self.stops.matched
             self.finish_reason = d.finish_reason = finish_reason
         return d

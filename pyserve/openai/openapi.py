@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic.json_schema import models_json_schema
 
 from . import infill_protocol as fim
+from ..anthropic import protocol as a
 from . import protocol as p
 from . import protocol_rerank as rr
 from . import responses as r
@@ -19,7 +20,9 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (r.TemplateResponse, "serialization"), (r.TokenizerInfo, "serialization"),
            (r.ErrorResponse, "serialization"), (rr.RerankRequest, "validation"),
            (rr.RerankResponse, "serialization"), (rr.ScoreRequest, "validation"), (rr.ScoreResponse, "serialization"),
-           (fim.InfillRequest, "validation"), (fim.InfillResponse, "serialization")]
+           (fim.InfillRequest, "validation"), (fim.InfillResponse, "serialization"),
+           (a.MessagesRequest, "validation"),
+           (a.CountTokensRequest, "validation")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -27,7 +30,11 @@ _JSON = {"type": "object", "additionalProperties": True}
 
 
 def _ref(model) -> dict:
-    return {"$ref": _REF.format(model=model.__name__)}
+    return _JSON if model is _JSON_REF else {"$ref": _REF.format(model=model.__name__)}
+
+
+class _JSON_REF:
+    """A response described as any JSON object (Anthropic's shapes are its SDK's, not pyserve's models)."""
 
 
 def _error(desc: str) -> dict:
@@ -43,6 +50,14 @@ def _post(summary: str, req, ok, stream=None) -> dict:
     responses.update({code: _error(desc) for code, desc in _ERRORS.items()})
     return {"post": {"summary": summary, "responses": responses,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(req)}}}}}
+
+
+def _anthropic(path: dict) -> dict:
+    """An Anthropic route: its errors are Anthropic's {"type": "error", "error": {"type", "message"}}."""
+    for code, resp in path["post"]["responses"].items():
+        if code != "200":
+            resp["content"]["application/json"]["schema"] = _JSON
+    return path
 
 
 def _get(summary: str, ok: dict, errors: tuple = ("401",)) -> dict:
@@ -65,6 +80,10 @@ def _paths() -> dict:
                                       r.ChatCompletionChunk),
         "/infill": _post("llama.cpp's fill-in-the-middle (a stream: its objects, the last with stop true, no "
                          "[DONE])", fim.InfillRequest, fim.InfillResponse),
+        "/v1/messages": _anthropic(_post("Anthropic's Messages API (streamed: Anthropic's named SSE events)",
+                                         a.MessagesRequest, _JSON_REF)),
+        "/v1/messages/count_tokens": _anthropic(_post("Anthropic's token count of a message request",
+                                                      a.CountTokensRequest, _JSON_REF)),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/v1/rerank": _post("documents ranked by a reranker model's relevance to a query (Jina / Cohere)",
                             rr.RerankRequest, rr.RerankResponse),

@@ -115,6 +115,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: Optional[ChoiceLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[str] = None  # vLLM's: the stop string that ended it (sent only then)
 
 
 class ChatCompletionResponse(BaseModel):
@@ -140,6 +141,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: Optional[ChoiceLogprobs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[str] = None  # vLLM's: the stop string that ended it (sent only then)
 
 
 class ChatCompletionChunk(BaseModel):

@@ -152,7 +152,7 @@ class _Shapes:
             message, finish = self._message(c)
             out.append(ChatChoice.model_construct(index=idx, message=message,
                                                   logprobs=self._logprobs(c.token_ids, c.logprobs),
-                                                  finish_reason=finish))
+                                                  finish_reason=finish, **_stop_reason(c.stop_reason)))
         extra = {}
         plp = next((c.prompt_logprobs for c in choices.values() if c.prompt_logprobs is not None), None)
         if self.prompt_top is not None and plp is not None:
@@ -168,8 +168,9 @@ class _Shapes:
                                                    model=self.model.name, system_fingerprint=None, choices=choices,
                                                    **extra)
 
-    def _choice(self, idx: int, delta: DeltaMessage, logprobs=None, finish_reason=None) -> ChatChunkChoice:
-        return ChatChunkChoice.model_construct(index=idx, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
+    def _choice(self, idx: int, delta: DeltaMessage, logprobs=None, finish_reason=None, **extra) -> ChatChunkChoice:
+        return ChatChunkChoice.model_construct(index=idx, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                                               **extra)
 
     def first(self) -> list:
         return [self._chunk([self._choice(i, DeltaMessage.model_construct(role="assistant", content=""))])
@@ -183,7 +184,8 @@ class _Shapes:
             res.append(self._chunk([self._choice(idx, message or DeltaMessage.model_construct(content=""), lp)]))
         if out.finish_reason:
             finish = _calls_finish(out.finish_reason) if idx in self.called else out.finish_reason
-            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(), None, finish)]))
+            res.append(self._chunk([self._choice(idx, DeltaMessage.model_construct(), None, finish,
+                                                 **_stop_reason(out.stop_reason))]))
         return res
 
     def _delta_message(self, idx: int, out) -> Optional[DeltaMessage]:
@@ -204,6 +206,11 @@ class _Shapes:
 
     def usage(self, u: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage=u)
+
+
+def _stop_reason(matched: Optional[str]) -> dict:
+    """vLLM's stop_reason, set only when a stop string ended the choice (so other responses keep their shape)."""
+    return {"stop_reason": matched} if matched is not None else {}
 
 
 def _calls_finish(reason: Optional[str]) -> Optional[str]:

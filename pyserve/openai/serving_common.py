@@ -108,12 +108,14 @@ class Choice:
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: Optional[str] = None
     prompt_logprobs: Optional[list] = None  # per prompt token (None first), when asked
+    stop_reason: Optional[str] = None  # the stop string that ended it (vLLM's)
 
     def add(self, out) -> None:
         self.text += out.text_delta
         self.token_ids += out.token_ids_delta
         self.logprobs += out.logprobs_delta or ()
         self.finish_reason = out.finish_reason or self.finish_reason
+        self.stop_reason = out.stop_reason or self.stop_reason
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
 

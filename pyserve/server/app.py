@@ -17,6 +17,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from ..anthropic.errors import anthropic_body, wants_anthropic
 from ..openai.context import RequestContext
 from ..openai.errors import OpenAIError, loading, server_error
 from ..openai.served_model import ServedModel
@@ -165,7 +166,7 @@ def _edge_hooks(app: QuartTrio, edge: Edge) -> None:
 def _error_handlers(app: QuartTrio) -> None:
     @app.errorhandler(OpenAIError)
     async def openai_error(e: OpenAIError):
-        return json_response(e.body(), e.status, e.headers)
+        return json_response(_error_body(e), e.status, e.headers)
 
     @app.errorhandler(HTTPException)
     async def http_error(e: HTTPException):
@@ -174,12 +175,17 @@ def _error_handlers(app: QuartTrio) -> None:
             log.error("HTTP %d for %s %s: %s", status, request.method, request.path, e.description)
         err = OpenAIError(_http_message(e), status, "invalid_request_error", None, _HTTP_CODES.get(e.code))
         allow = getattr(e, "valid_methods", None) if status == 405 else None
-        return json_response(err.body(), status, {"Allow": ", ".join(allow)} if allow else None)
+        return json_response(_error_body(err), status, {"Allow": ", ".join(allow)} if allow else None)
 
     @app.errorhandler(Exception)
     async def any_error(e: Exception):
         log.exception("request failed")
-        return json_response(server_error(f"internal error: {type(e).__name__}").body(), 500)
+        return json_response(_error_body(server_error(f"internal error: {type(e).__name__}")), 500)
+
+
+def _error_body(e: OpenAIError) -> dict:
+    """The error in the shape of the API the path belongs to: Anthropic's on /v1/messages, else OpenAI's."""
+    return anthropic_body(e) if wants_anthropic(request.path) else e.body()
 
 
 def _http_message(e: HTTPException) -> str:

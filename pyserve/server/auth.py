@@ -2,7 +2,7 @@
 
 Keys come from `--api-key` (repeatable), `PYSERVE_API_KEY` and `--api-key-file` (one key per line; blank
 lines and `#` comments skipped). With any key configured, `Authorization: Bearer KEY` is required on
-/v1/*, /tokenize, /detokenize and /apply-template (and on /metrics with `--metrics-require-key`); /health,
+/v1/*, /tokenize, /detokenize and /apply-template (or Anthropic's `x-api-key: KEY`) (and on /metrics with `--metrics-require-key`); /health,
 /openapi.json, the chat page (`/` and `/webui/*`: the page asks for the key itself) and CORS preflights
 stay open. Keys are compared in constant time against every configured key (no early exit on the first
 match), a failure is counted and answered 401 with OpenAI's error JSON, and the presented key is never
@@ -76,6 +76,14 @@ def bearer_token(header: Optional[str]) -> Optional[str]:
     return token or None
 
 
+def presented_key(headers) -> Optional[str]:
+    """The client's key: `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY` (its SDK's header)."""
+    token = bearer_token(headers.get("Authorization"))
+    if token is None:
+        token = (headers.get("x-api-key") or "").strip() or None
+    return token
+
+
 def match_key(token: Optional[str], keys: list[str]) -> Optional[str]:
     """The configured key equal to `token`, compared in constant time against every key, or None."""
     if token is None:
@@ -103,7 +111,8 @@ def auth_error(missing: bool) -> OpenAIError:
 CORS_METHODS = "GET, POST, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, OpenAI-Organization, OpenAI-Project, X-Stainless-Lang, " \
                "X-Stainless-Package-Version, X-Stainless-OS, X-Stainless-Arch, X-Stainless-Runtime, " \
-               "X-Stainless-Runtime-Version, X-Stainless-Retry-Count, X-Stainless-Timeout"
+               "X-Stainless-Runtime-Version, X-Stainless-Retry-Count, X-Stainless-Timeout, X-Api-Key, " \
+               "Anthropic-Version, Anthropic-Beta"
 
 
 def origin_allowed(origin: Optional[str], allowed: list[str]) -> bool:

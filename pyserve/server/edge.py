@@ -17,7 +17,7 @@ from quart import Response
 from ..openai.context import NullObserver, RequestContext
 from ..openai.errors import OpenAIError, bad_request, server_error
 from .admission import Admission, AdmissionQueue, RateLimiter
-from .auth import AccessConfig, auth_error, bearer_token, cors_headers, match_key, origin_allowed
+from .auth import AccessConfig, auth_error, cors_headers, match_key, origin_allowed, presented_key
 from .config import ServerConfig
 from .metrics import TIMER_KEY, Metrics
 
@@ -28,7 +28,8 @@ ID_KEY = "pyserve.request_id"  # the request's id in the ASGI scope (X-Request-I
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # POST endpoints that take a JSON body
 JSON_POSTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/completions",
-                        "/chat/completions", "/embeddings", "/tokenize", "/detokenize", "/apply-template"})
+                        "/chat/completions", "/embeddings", "/tokenize", "/detokenize", "/apply-template",
+                        "/v1/messages", "/v1/messages/count_tokens"})
 
 
 class Edge:
@@ -62,7 +63,7 @@ class Edge:
             return self._preflight(request, origin)  # before auth: browsers send no credentials on a preflight
         key = None
         if self.access.requires_key(request.path):
-            token = bearer_token(request.headers.get("Authorization"))
+            token = presented_key(request.headers)
             key = match_key(token, self.access.api_keys)
             if key is None:
                 self._refused_key(request, token)

@@ -13,6 +13,7 @@ from .info import model_info, server_info, version
 from .metrics import CONTENT_TYPE
 from .responses import json_response, reply
 from .routes_rerank import add_rerank_routes
+from .routes_anthropic import add_anthropic_routes
 from .webui import add_webui_routes
 from .worker_api import add_worker_routes
 
@@ -26,6 +27,7 @@ def add_routes(app: QuartTrio, state) -> None:
     _token_routes(app, state)
     add_rerank_routes(app, state)  # /v1/rerank, /v1/score (routes_rerank.py)
     _info_routes(app, state)
+    add_anthropic_routes(app, state)  # /v1/messages (Anthropic's Messages API)
     add_webui_routes(app)  # the chat page at /
     add_worker_routes(app, state)  # what SGLang's and vLLM's routers read (worker_api.py)
 
