@@ -438,7 +438,7 @@ class ChatCompletionRequest(_Sampling, ChatPrompt):
     parallel_tool_calls: Optional[bool] = None  # default true
     prediction: Optional[dict] = None
     presence_penalty: Penalty = None
-    reasoning_effort: Optional[str] = None
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None  # none: no thinking
     response_format: Optional[ResponseFormat] = None
     seed: Seed = None
     service_tier: Optional[str] = None
