@@ -471,16 +471,30 @@ def _write_multipliers(w: GGUFWriter, arch: str, cfg: dict) -> None:
         w.add_float32(f"{arch}.attention.scale", float(cfg["attention_scale"]))
 
 
+def _vocabulary(name: str | None) -> tuple[tuple, str, str]:
+    """(tokens, types, merges, bos, eos), the tokenizer model and its pre-tokenizer: the built-in vocabulary's, or
+    a test vocabulary's from its GGUF."""
+    if name is None:
+        return tokenizer_vocab(), "gpt2", "gpt-2"
+    from gguf_vocab import vocab_meta
+
+    m = vocab_meta(name)
+    return ((m["tokenizer.ggml.tokens"], m["tokenizer.ggml.token_type"], m["tokenizer.ggml.merges"],
+             m["tokenizer.ggml.bos_token_id"], m["tokenizer.ggml.eos_token_id"]),
+            m["tokenizer.ggml.model"], m["tokenizer.ggml.pre"])
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
-                     **dims: Any) -> Path:
+                     vocab: str | None = None, **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
     have them, gemma3 not). rope_freqs: llama only (llama3-style frequency factors). dims: override
     default_dims() (n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, eps, rope_base,
-    sliding_window).
+    sliding_window). vocab: one of llama.cpp's test vocabularies in tests/data/vocab (``qwen35``: Qwen3.5's
+    tokens, merges and pre-tokenizer) instead of the small built-in one.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
@@ -502,7 +516,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     n_ff, n_layer = cfg["n_ff"], cfg["n_layer"]
     moe_cfg = moe_config(arch, qtype, moe)
 
-    tokens, types, merges, bos, eos = tokenizer_vocab()
+    (tokens, types, merges, bos, eos), tok_model, tok_pre = _vocabulary(vocab)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
@@ -618,14 +632,14 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_file_type(FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_model(tok_model)
+    w.add_tokenizer_pre(tok_pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)
-    w.add_add_bos_token(True)
+    w.add_add_bos_token(vocab is None)  # Qwen writes no BOS
     w.add_add_eos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)

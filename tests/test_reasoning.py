@@ -1,0 +1,75 @@
+"""Reasoning through the real server: a random-weight qwen3 model with Qwen3.5's vocabulary and chat template
+(whose generation prompt opens the think block) served by `pyserve serve`, its output steered through a think
+block by a regex grammar (vLLM's structured_outputs, which constrains the whole text), read with the openai SDK:
+reasoning_content and reasoning split from the content, streamed equals not streamed, reasoning tokens counted,
+reasoning_effort "none" turns thinking off; the default model (no template of its own) has no reasoning."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import openai
+import pytest
+
+import model_factory as tm
+from pyserve.bench.launch import ServerProcess
+
+TEMPLATE = Path(__file__).resolve().parent / "data" / "chat_templates" / "templates" / "Qwen3.5-4B.jinja"
+THOUGHT, ANSWER = "Two and two make four.", "Four."
+STEER = {"structured_outputs": {"regex": re.escape(f"{THOUGHT}\n</think>\n\n{ANSWER}")}}
+ASK = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory):
+    path = tm.write_test_model(tmp_path_factory.mktemp("reasoning") / "qwen3.gguf", "qwen3", qtype="Q8_0",
+                               vocab="qwen35", chat_template=TEMPLATE.read_text(), name="thinker")
+    with ServerProcess("--model", str(path)).wait_ready() as srv:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+
+def chat(client: openai.OpenAI, **kw):
+    return client.chat.completions.create(model=client.models.list().data[0].id, messages=ASK, temperature=0,
+                                          **{"max_tokens": 40, **kw})
+
+
+def test_reasoning_is_split_from_the_content(thinker):
+    out = chat(thinker, extra_body=STEER)
+    msg = out.choices[0].message
+    assert (msg.reasoning_content, msg.reasoning, msg.content) == (THOUGHT, THOUGHT, ANSWER)
+    details = out.usage.completion_tokens_details
+    assert 0 < details.reasoning_tokens < out.usage.completion_tokens
+
+
+def test_streamed_equals_not_streamed(thinker):
+    whole = chat(thinker, extra_body=STEER)
+    reasoning, content, usage, order = "", "", None, []
+    for chunk in chat(thinker, extra_body=STEER, stream=True, stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+        for ch in chunk.choices:
+            r = getattr(ch.delta, "reasoning_content", None)
+            assert r == getattr(ch.delta, "reasoning", None)
+            reasoning += r or ""
+            content += ch.delta.content or ""
+            order += ["r"] * bool(r) + ["c"] * bool(ch.delta.content)
+    assert (reasoning, content) == (THOUGHT, ANSWER)
+    assert order == sorted(order, reverse=True)  # every reasoning delta before the content
+    assert usage.completion_tokens_details.reasoning_tokens == whole.usage.completion_tokens_details.reasoning_tokens
+
+
+def test_reasoning_effort_none_turns_thinking_off(thinker):
+    out = chat(thinker, reasoning_effort="none", extra_body={"structured_outputs": {"regex": re.escape(ANSWER)}})
+    msg = out.choices[0].message
+    assert msg.content == ANSWER and getattr(msg, "reasoning_content", None) is None
+    assert out.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_a_bad_effort_is_a_400(thinker):
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+        chat(thinker, reasoning_effort="extreme")
+
+
+def test_the_default_model_has_no_reasoning(client):
+    out = chat(client, max_tokens=4)
+    msg = out.choices[0].message
+    assert getattr(msg, "reasoning_content", None) is None and out.usage.completion_tokens_details is None
