@@ -136,7 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
                             tool_call_parser=args.tool_call_parser,
-                            reasoning_parser=args.reasoning_parser))
+                            reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget))
 
 
 def _generate_parser(sub) -> None:
@@ -181,6 +181,9 @@ def _serve_parser(sub) -> None:
                      metavar="NAME", help="how the model writes its reasoning (split into reasoning_content): " +
                      ", ".join(sorted(REASONING_PARSERS)) + "; auto (default): detected from the chat template; "
                      "none: the text is left alone")
+    srv.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                     help="tokens a reasoning may take unless a request sends thinking_token_budget; then the "
+                          "server closes the think block and the answer follows (-1, the default: no bound)")
     _edge_args(srv)
     add_replica_args(srv)
     srv.set_defaults(func=_serve)

@@ -5,9 +5,11 @@ reasoning_content and reasoning split from the content, streamed equals not stre
 reasoning_effort "none" turns thinking off; the default model (no template of its own) has no reasoning."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import jsonschema
 import openai
 import pytest
 
@@ -73,3 +75,42 @@ def test_the_default_model_has_no_reasoning(client):
     out = chat(client, max_tokens=4)
     msg = out.choices[0].message
     assert getattr(msg, "reasoning_content", None) is None and out.usage.completion_tokens_details is None
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+          "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+BUDGET = 6
+
+
+def tokens_to_close(out) -> int:
+    """The tokens generated up to the one that completes "</think>" (the grammar lets the model spell it)."""
+    text = ""
+    for i, t in enumerate(out.choices[0].logprobs.content):
+        text += t.token
+        if "</think>" in text:
+            return i + 1
+    raise AssertionError(f"no </think> in {text!r}")
+
+
+def test_json_schema_applies_to_the_answer_after_the_reasoning(thinker):
+    """Free reasoning (cut by the budget: this random model would not close it), then valid JSON content."""
+    out = chat(thinker, response_format=FORMAT, extra_body={"thinking_token_budget": BUDGET}, max_tokens=60,
+               logprobs=True)
+    msg = out.choices[0].message
+    jsonschema.validate(json.loads(msg.content), SCHEMA)
+    assert msg.reasoning_content and "</think>" not in msg.reasoning_content
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens_details.reasoning_tokens == tokens_to_close(out) > BUDGET
+
+
+def test_the_budget_closes_the_think_block(thinker):
+    out = chat(thinker, extra_body={"thinking_token_budget": BUDGET}, max_tokens=20, logprobs=True)
+    close = tokens_to_close(out)
+    assert out.usage.completion_tokens_details.reasoning_tokens == close
+    assert close - BUDGET <= len("</think>")  # the budget's tokens, then the marker forced
+    assert out.usage.completion_tokens > close and out.choices[0].message.content  # the answer followed
+    streamed = "".join(getattr(ch.delta, "reasoning_content", None) or ""
+                       for chunk in chat(thinker, extra_body={"thinking_token_budget": BUDGET}, max_tokens=20,
+                                         stream=True) for ch in chunk.choices)
+    assert streamed == (out.choices[0].message.reasoning_content or "")

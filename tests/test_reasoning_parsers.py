@@ -10,6 +10,8 @@ import pytest
 from gguf_vocab import vocab_tokenizer
 from pyserve.engine.detokenizer import IncrementalDetokenizer
 from pyserve.openai.reasoning import REASONING_PARSERS, detect_reasoning_parser, get_reasoning_parser
+from pyserve.engine.structured import StructuredOutputsParams
+from pyserve.openai.reasoning.constrain import after_reasoning
 from pyserve.openai.reasoning.plan import ReasoningPlan
 
 TEMPLATES = Path(__file__).resolve().parent / "data" / "chat_templates" / "templates"
@@ -91,3 +93,31 @@ def test_registry():
     assert set(REASONING_PARSERS) == {"qwen3", "deepseek_r1", "glm45", "gemma4", "gpt_oss"}
     with pytest.raises(ValueError, match="qwen3"):
         get_reasoning_parser("nope")
+
+
+def accepts(so, text: str) -> bool:
+    """Whether the grammar of ``so`` (a TopLevelGrammar) takes ``text`` to an accepting end (llguidance on a
+    byte vocabulary)."""
+    from llguidance import LLMatcher, LLTokenizer
+
+    kind, grammar = so.llguidance()
+    assert kind == "llguidance"
+    m = LLMatcher(LLTokenizer("byte"), grammar, log_level=0)
+    return all(m.consume_token(b) for b in text.encode()) and m.is_accepting()
+
+
+@pytest.mark.parametrize("prompt,opening", [("<|im_start|>assistant\n<think>\n", ""),
+                                            ("<|im_start|>assistant\n", "<think>\n")])
+def test_the_answer_grammar_starts_after_the_think_block(prompt, opening):
+    so = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}},
+                                       "required": ["a"], "additionalProperties": False})
+    wrapped = after_reasoning(get_reasoning_parser("qwen3")(prompt), so, None)
+    assert accepts(wrapped, opening + 'x < y {"a": 2}</think>\n\n{"a": 1}')
+    assert not accepts(wrapped, opening + "x</think>\n\nnot json")
+    assert not accepts(wrapped, '{"a": 1}' if opening else "")  # the reasoning block comes first
+
+
+def test_no_think_block_keeps_the_constraint():
+    so = StructuredOutputsParams(json={"type": "object"})
+    assert after_reasoning(get_reasoning_parser("qwen3")("<think>\n\n</think>\n\n"), so, None) is so
+    assert after_reasoning(get_reasoning_parser("gpt_oss")("<|start|>assistant"), so, 5) is so

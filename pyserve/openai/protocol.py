@@ -467,6 +467,7 @@ class ChatCompletionRequest(_Sampling, ChatPrompt):
     continue_final_message: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # False: no BOS beyond what the template writes
     prompt_logprobs: PromptLogprobs = None
+    thinking_token_budget: Optional[Annotated[int, Field(ge=0)]] = None  # tokens the reasoning may take
 
     @field_validator("functions", "function_call")
     @classmethod

@@ -39,8 +39,8 @@ class ChatServing:
         tools = plan.constraint()
         thinking = self.reasoning_plan(req)
         # a parser that reads [TOOL_CALLS], <|python_tag|> or <|channel|> must see those control tokens in the text
-        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages",
-                                                 (tools, "tools") if tools is not None else None,
+        constraint = thinking.constraint(prompt, *((tools, "tools") if tools is not None else req.structured()))
+        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages", constraint,
                                                  plan.reads_markers or thinking.active)
         shape = _Shapes(self.model, req, rid, requests[0].params.n, ids, plan, (thinking, prompt))
         if not req.stream:
@@ -61,8 +61,11 @@ class ChatServing:
         if name == "auto":
             source = req.chat_template if req.chat_template is not None else self.model.chat_template
             name = _detect_reasoning(source) if source is not None else None
+        budget = getattr(req, "thinking_token_budget", None)
+        if budget is None and self.model.reasoning_budget >= 0:
+            budget = self.model.reasoning_budget
         return ReasoningPlan(None if name == "none" else name, getattr(req, "reasoning_effort", None),
-                             req.chat_template_kwargs)
+                             req.chat_template_kwargs, budget)
 
     def tool_plan(self, req: ChatPrompt) -> ToolPlan:
         """What the request's tools make of its prompt and its output, for the template it renders with."""

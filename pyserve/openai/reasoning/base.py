@@ -55,6 +55,11 @@ class ReasoningParser:
     def in_reasoning(self) -> bool:
         return self._state == _REASONING
 
+    @property
+    def may_reason(self) -> bool:
+        """The output is, or may open, a reasoning block."""
+        return self._state in (_START, _REASONING)
+
     def feed(self, text: str) -> ReasoningDelta:
         self._buf += text
         out = ReasoningDelta()

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ...engine.structured import StructuredOutputsParams
 from . import ReasoningDelta, ReasoningParser, get_reasoning_parser
+from .constrain import after_reasoning
 
 __all__ = ["ChoiceSplit", "ReasoningPlan", "message_fields"]
 
@@ -17,6 +19,7 @@ class ReasoningPlan:
     parser_name: Optional[str]  # the format (None: no reasoning split)
     effort: Optional[str]       # the request's reasoning_effort
     kwargs: Optional[dict]      # the request's chat_template_kwargs
+    budget: Optional[int] = None  # tokens the reasoning may take (None: no bound)
 
     @property
     def active(self) -> bool:
@@ -33,6 +36,16 @@ class ReasoningPlan:
             return self.kwargs
         extra = {"enable_thinking": False} if self.effort == "none" else {"reasoning_effort": self.effort}
         return {**extra, **(self.kwargs or {})}
+
+    def constraint(self, prompt: str, so: Optional[StructuredOutputsParams],
+                   field: Optional[str]) -> tuple[Optional[StructuredOutputsParams], Optional[str]]:
+        """The request's constraint (and the field it came from) with the reasoning in front: response_format
+        and tool grammars apply to the answer (a raw structured_outputs grammar to the whole text); a budget
+        alone is a grammar too."""
+        if not self.active or not self.enabled or field not in ("response_format", "tools", None):
+            return so, field
+        parser = get_reasoning_parser(self.parser_name)(prompt)
+        return after_reasoning(parser, so, self.budget), field or "thinking_token_budget"
 
     def split(self, prompt: str) -> Optional["ChoiceSplit"]:
         """A fresh split for one choice (None: the text is all content)."""
