@@ -23,10 +23,14 @@ ASK = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 @pytest.fixture(scope="module")
-def thinker(tmp_path_factory):
-    path = tm.write_test_model(tmp_path_factory.mktemp("reasoning") / "qwen3.gguf", "qwen3", qtype="Q8_0",
+def model_file(tmp_path_factory) -> Path:
+    return tm.write_test_model(tmp_path_factory.mktemp("reasoning") / "qwen3.gguf", "qwen3", qtype="Q8_0",
                                vocab="qwen35", chat_template=TEMPLATE.read_text(), name="thinker")
-    with ServerProcess("--model", str(path)).wait_ready() as srv:
+
+
+@pytest.fixture(scope="module")
+def thinker(model_file):
+    with ServerProcess("--model", str(model_file)).wait_ready() as srv:
         yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
 
 
@@ -69,6 +73,31 @@ def test_reasoning_effort_none_turns_thinking_off(thinker):
 def test_a_bad_effort_is_a_400(thinker):
     with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
         chat(thinker, reasoning_effort="extreme")
+
+
+def test_a_required_tool_call_follows_the_reasoning(thinker):
+    tool = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    out = chat(thinker, tools=[tool], tool_choice="required", extra_body={"thinking_token_budget": BUDGET},
+               max_tokens=60)
+    msg = out.choices[0].message
+    assert msg.reasoning_content and out.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in msg.tool_calls] == ["add"]
+    jsonschema.validate(json.loads(msg.tool_calls[0].function.arguments), tool["function"]["parameters"])
+
+
+def test_a_negative_budget_is_a_400(thinker):
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget"):
+        chat(thinker, extra_body={"thinking_token_budget": -1})
+
+
+def test_reasoning_parser_none_leaves_the_text_alone(model_file):
+    with ServerProcess("--model", str(model_file), "--reasoning-parser", "none").wait_ready() as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        out = chat(client, extra_body=STEER)
+    assert out.choices[0].message.content == f"{THOUGHT}\n</think>\n\n{ANSWER}"
+    assert getattr(out.choices[0].message, "reasoning_content", None) is None
+    assert out.usage.completion_tokens_details is None
 
 
 def test_the_default_model_has_no_reasoning(client):
