@@ -30,6 +30,7 @@ CASES = [
     ("gemma4", "<start_of_turn>model\n", "<|channel>thought\nReason.<channel|>Answer.", "Reason.", "Answer."),
     ("gpt_oss", "<|start|>assistant",
      f"<|channel|>analysis<|message|>Think hard.<|end|>{HARMONY_FINAL}The answer.", "Think hard.", "The answer."),
+    ("gpt_oss", "<|start|>assistant", "<|channel|>analysis<|message|>Hm.<|end|><|channel|>final<|message|>A.", "Hm.", "A."),
 ]
 
 

@@ -2,8 +2,8 @@
 streamed (``feed(delta)`` per text delta, ``finish()`` at the end; ``parse(text)`` is the same machine fed the
 whole text), as the tool parsers are driven.
 
-A format is two markers: ``start`` opens the reasoning block, ``end`` closes it; ``after`` (harmony's header of the
-final channel) is dropped where it follows ``end``. The rendered prompt decides where the output begins: a prompt
+A format is two markers: ``start`` opens the reasoning block, ``end`` closes it; ``after`` (harmony's headers of the
+final channel) are dropped where they follow ``end``. The rendered prompt decides where the output begins: a prompt
 that ends inside an open block (Qwen3.5's and GLM-4.7's generation prompt write ``<think>``) starts in the
 reasoning; one that ends with a closed, empty block (``enable_thinking: false``) or a disabled request starts in
 the content; otherwise the output is reasoning only if its first text is ``start``.
@@ -35,7 +35,7 @@ class ReasoningParser:
     name: ClassVar[str]
     start: ClassVar[str]
     end: ClassVar[str]
-    after: ClassVar[str] = ""
+    after: ClassVar[tuple[str, ...]] = ()  # headers dropped where they follow `end` (the first that matches)
 
     def __init__(self, prompt: str = "", enabled: bool = True):
         """prompt: the rendered prompt (its end says whether the output starts inside the block); enabled:
@@ -43,6 +43,7 @@ class ReasoningParser:
         self._buf = ""
         self._state = _CONTENT if not enabled else self._initial(prompt.rstrip())
         self._ws = ""  # whitespace held inside the reasoning (dropped if the block ends after it)
+        self._sent_reasoning = False  # leading whitespace is dropped until reasoning text went out
 
     def _initial(self, prompt: str) -> str:
         if self.end and prompt.endswith(self.end):
@@ -120,15 +121,14 @@ class ReasoningParser:
             out.reasoning += body
             self._sent_reasoning = True
 
-    _sent_reasoning = False
-
     def _on_after(self, out: ReasoningDelta, final: bool) -> bool:
         """After the end marker: harmony's final-channel header dropped, then the whitespace before the content."""
         text = self._buf.lstrip()
-        if self.after and text.startswith(self.after):
-            self._buf, self._state = text[len(self.after):], _LEAD
-            return True
-        if self.after and self.after.startswith(text) and not final:
+        for header in self.after:
+            if text.startswith(header):
+                self._buf, self._state = text[len(header):], _LEAD
+                return True
+        if any(h.startswith(text) for h in self.after) and not final:
             return False
         self._state = _LEAD
         return True

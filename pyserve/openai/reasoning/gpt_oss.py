@@ -9,4 +9,5 @@ from .base import ReasoningParser
 class GptOssReasoningParser(ReasoningParser):
     name = "gpt_oss"
     start, end = "<|channel|>analysis<|message|>", "<|end|>"
-    after = "<|start|>assistant<|channel|>final<|message|>"
+    # the final channel's header, with or without the new message's start
+    after = ("<|start|>assistant<|channel|>final<|message|>", "<|channel|>final<|message|>")
