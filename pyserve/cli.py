@@ -135,7 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
                             engine=_engine_options(args, EngineOptions.serving()),
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
-                            tool_call_parser=args.tool_call_parser))
+                            tool_call_parser=args.tool_call_parser,
+                            reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget))
 
 
 def _generate_parser(sub) -> None:
@@ -152,6 +153,7 @@ def _generate_parser(sub) -> None:
 
 def _serve_parser(sub) -> None:
     from .openai.tool_parsers import TOOL_PARSERS  # pure Python: cheap to import for --help
+    from .openai.reasoning import REASONING_PARSERS
 
     from .engine.options import EngineOptions
 
@@ -175,6 +177,13 @@ def _serve_parser(sub) -> None:
                      help="how the model writes tool calls: " + ", ".join(sorted(TOOL_PARSERS)) +
                           " (default: detected from the chat template; a template that renders no tools gets "
                           "the JSON polyfill)")
+    srv.add_argument("--reasoning-parser", default="auto", choices=["auto", "none", *sorted(REASONING_PARSERS)],
+                     metavar="NAME", help="how the model writes its reasoning (split into reasoning_content): " +
+                     ", ".join(sorted(REASONING_PARSERS)) + "; auto (default): detected from the chat template; "
+                     "none: the text is left alone")
+    srv.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                     help="tokens a reasoning may take unless a request sends thinking_token_budget; then the "
+                          "server closes the think block and the answer follows (-1, the default: no bound)")
     _edge_args(srv)
     add_replica_args(srv)
     srv.set_defaults(func=_serve)

@@ -42,6 +42,7 @@ class StructuredOutputsParams:
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     whitespace_pattern: Optional[str] = None
+    llguidance_grammar: Optional[str] = None  # a TopLevelGrammar's JSON (the server's own: reasoning + answer)
 
     def __post_init__(self) -> None:
         if isinstance(self.choice, list):
@@ -55,7 +56,8 @@ class StructuredOutputsParams:
     def key(self) -> tuple:
         """Hashable identity, for the compile cache."""
         schema = self.json if not isinstance(self.json, dict) else json.dumps(self.json, sort_keys=True)
-        return schema, self.regex, self.choice, self.grammar, self.json_object, self.whitespace_pattern
+        return (schema, self.regex, self.choice, self.grammar, self.json_object, self.whitespace_pattern,
+                self.llguidance_grammar)
 
     def llguidance(self) -> tuple[str, str]:
         """(kind, text) for the engine's grammar compiler. ValueError for a schema that is not JSON, an empty
@@ -65,6 +67,8 @@ class StructuredOutputsParams:
 
         if self.regex is not None:
             return "regex", self.regex
+        if self.llguidance_grammar is not None:
+            return "llguidance", self.llguidance_grammar
         if self.choice is not None:
             if not all(isinstance(c, str) for c in self.choice) or not self.choice:
                 raise ValueError("choice: a non-empty list of strings")

@@ -438,7 +438,7 @@ class ChatCompletionRequest(_Sampling, ChatPrompt):
     parallel_tool_calls: Optional[bool] = None  # default true
     prediction: Optional[dict] = None
     presence_penalty: Penalty = None
-    reasoning_effort: Optional[str] = None
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None  # none: no thinking
     response_format: Optional[ResponseFormat] = None
     seed: Seed = None
     service_tier: Optional[str] = None
@@ -467,6 +467,7 @@ class ChatCompletionRequest(_Sampling, ChatPrompt):
     continue_final_message: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # False: no BOS beyond what the template writes
     prompt_logprobs: PromptLogprobs = None
+    thinking_token_budget: Optional[Annotated[int, Field(ge=0)]] = None  # tokens the reasoning may take
 
     @field_validator("functions", "function_call")
     @classmethod

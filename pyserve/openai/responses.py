@@ -32,11 +32,22 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: Optional[CompletionTokensDetails] = None  # chat with a reasoning parser
+
+
+def with_reasoning_tokens(u: Usage, n: int) -> Usage:
+    """The usage with the tokens generated inside the reasoning."""
+    return Usage.model_construct(**{k: getattr(u, k) for k in u.model_fields_set},
+                                 completion_tokens_details=CompletionTokensDetails.model_construct(reasoning_tokens=n))
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
@@ -108,6 +119,9 @@ class AssistantMessage(BaseModel):
     refusal: Optional[str] = None
     # [{id: "call_…", type: "function", function: {name, arguments: JSON text}}]; absent without tools
     tool_calls: Optional[list[dict]] = None
+    # the model's reasoning (llama.cpp's and LangChain's name, and vLLM's / Ollama's): absent when it did not reason
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 class ChatChoice(BaseModel):
@@ -134,6 +148,8 @@ class DeltaMessage(BaseModel):
     content: Optional[str] = None
     # a call's first entry {index, id, type, function: {name, arguments}}, then {index, function: {arguments}}
     tool_calls: Optional[list[dict]] = None
+    reasoning_content: Optional[str] = None  # a piece of the reasoning (and the same as `reasoning`)
+    reasoning: Optional[str] = None
 
 
 class ChatChunkChoice(BaseModel):

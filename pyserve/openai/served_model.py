@@ -29,12 +29,15 @@ class ServedModel:
     normalize_embeddings: bool = True  # L2-normalised
     tool_call_parser: Optional[str] = None  # --tool-call-parser: the family of tool calls (None: from the template)
     aliases: tuple[str, ...] = ()  # other names clients may send as `model` for it
+    reasoning_parser: str = "auto"  # --reasoning-parser: a format, auto (from the template) or none
+    reasoning_budget: int = -1  # --reasoning-budget: tokens a reasoning may take by default (-1: no bound)
 
     @classmethod
     def from_engine(cls, engine, name: Optional[str] = None, chat_template: Optional[str] = None,
                     trust_request_chat_template: bool = False, pooling: str = "last",
                     normalize_embeddings: bool = True, tool_call_parser: Optional[str] = None,
-                    aliases: tuple[str, ...] = ()) -> "ServedModel":
+                    aliases: tuple[str, ...] = (), reasoning_parser: str = "auto",
+                    reasoning_budget: int = -1) -> "ServedModel":
         cfg, hp = engine.config, engine.hparams
         template = chat_template if chat_template is not None else _model_template(engine.metadata)
         return cls(name or _file_stem(engine.model_path), engine, engine.tokenizer,
@@ -42,7 +45,7 @@ class ServedModel:
                    _longest_token(engine.tokenizer, hp["n_vocab"]), template,
                    "" if template is not None else _NO_TEMPLATE, trust_request_chat_template, int(time.time()),
                    hp["n_embd"], pooling, normalize_embeddings, tool_call_parser,
-                   tuple(aliases))
+                   tuple(aliases), reasoning_parser, reasoning_budget)
 
     def check_name(self, name: Optional[str]) -> None:
         if name is not None and name != self.name and name not in self.aliases:

@@ -11,11 +11,13 @@ from .context import RequestContext
 from .errors import bad_request, from_template
 from .protocol import ChatCompletionRequest, ChatPrompt
 from .responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
-                        ChoiceLogprobs, DeltaMessage, Usage, now)
+                        ChoiceLogprobs, DeltaMessage, Usage, now, with_reasoning_tokens)
 from .served_model import ServedModel
 from .streaming import EventStream
 from .serving_common import (Choice, chat_logprobs, check_constraint, collect, engine_requests, stream_events,
                              vllm_prompt_logprobs)
+from .reasoning import detect_reasoning_parser
+from .reasoning.plan import ReasoningPlan, message_fields
 from .tool_parsers import ParseResult, detect_tool_parser
 from .tools import ToolPlan
 from .untrusted_template import UntrustedChatTemplate
@@ -31,13 +33,16 @@ class ChatServing:
         self.model.check_text_size(req.text_bytes(), "messages")
         plan = self.tool_plan(req)
         await check_constraint(self.model, plan.check(), "tools")
-        ids = await self.prompt_ids(req, plan)
+        prompt = await self.render(req, plan)
+        ids = self.encode_rendered(prompt, req.add_special_tokens)
         rid = ctx.response_id("chatcmpl")
         tools = plan.constraint()
-        # a parser that reads [TOOL_CALLS] or <|python_tag|> must see those control tokens in the text
-        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages",
-                                                 (tools, "tools") if tools is not None else None, plan.reads_markers)
-        shape = _Shapes(self.model, req, rid, requests[0].params.n, ids, plan)
+        thinking = self.reasoning_plan(req)
+        # a parser that reads [TOOL_CALLS], <|python_tag|> or <|channel|> must see those control tokens in the text
+        constraint = thinking.constraint(prompt, *((tools, "tools") if tools is not None else req.structured()))
+        requests, ticket = await engine_requests(self.model, ctx, rid, req, [ids], "messages", constraint,
+                                                 plan.reads_markers or thinking.active)
+        shape = _Shapes(self.model, req, rid, requests[0].params.n, ids, plan, (thinking, prompt))
         if not req.stream:
             return shape.response(*await collect(self.model, ctx, requests, ticket))
         return stream_events(self.model, ctx, requests, ticket, shape, req.include_usage)
@@ -48,6 +53,19 @@ class ChatServing:
             return self.model.tool_call_parser
         source = template if template is not None else self.model.chat_template
         return _detect(source) if source is not None else None
+
+    def reasoning_plan(self, req: ChatPrompt) -> ReasoningPlan:
+        """The reasoning format of the template in use (--reasoning-parser wins; none: no split) and the
+        request's reasoning options."""
+        name = self.model.reasoning_parser
+        if name == "auto":
+            source = req.chat_template if req.chat_template is not None else self.model.chat_template
+            name = _detect_reasoning(source) if source is not None else None
+        budget = getattr(req, "thinking_token_budget", None)
+        if budget is None and self.model.reasoning_budget >= 0:
+            budget = self.model.reasoning_budget
+        return ReasoningPlan(None if name == "none" else name, getattr(req, "reasoning_effort", None),
+                             req.chat_template_kwargs, budget)
 
     def tool_plan(self, req: ChatPrompt) -> ToolPlan:
         """What the request's tools make of its prompt and its output, for the template it renders with."""
@@ -68,11 +86,12 @@ class ChatServing:
         special = self.model.tokenizer.special_texts()
         dicts = plan.messages(decode_tool_call_arguments([m.for_template() for m in req.messages]))
         tools = plan.template_tools()
+        kwargs = self.reasoning_plan(req).template_kwargs()
 
         def work() -> str:
             t = kind(source, bos_token=special.get("bos_token") or None, eos_token=special.get("eos_token") or None)
             return t.render(dicts, add_generation_prompt=req.add_generation_prompt, tools=tools,
-                            chat_template_kwargs=req.chat_template_kwargs)
+                            chat_template_kwargs=kwargs)
 
         try:
             text = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
@@ -102,6 +121,11 @@ def _detect(source: str) -> Optional[str]:
     return detect_tool_parser(source)
 
 
+@functools.lru_cache(maxsize=32)
+def _detect_reasoning(source: str) -> Optional[str]:
+    return detect_reasoning_parser(source)
+
+
 def _open_final_message(text: str, final: dict) -> str:
     """The rendered chat cut right after the final message's content, as transformers does for
     continue_final_message (the template's end-of-turn after it is dropped)."""
@@ -118,7 +142,8 @@ class _Shapes:
     """The response and chunk shapes of one chat request."""
 
     def __init__(self, model: ServedModel, req: ChatCompletionRequest, rid: str, n: int, prompt_ids: list[int],
-                 plan: ToolPlan):
+                 plan: ToolPlan, thinking: tuple[ReasoningPlan, str]):
+        """thinking: the request's reasoning plan and its rendered prompt (whose end tells where the output starts)."""
         self.model, self.rid, self.created, self.n = model, rid, now(), n
         self.prompt_ids, self.prompt_top = prompt_ids, req.prompt_logprobs
         self.top = req.logprobs_wanted()  # alternatives per token, None: no logprobs
@@ -126,6 +151,8 @@ class _Shapes:
         self.plan = plan
         self.parsers = {}  # streamed: choice index → its tool-call parser (tools only)
         self.called = set()  # streamed: choices that made a tool call
+        self.thinking, self.prompt = thinking
+        self.splits = {}  # choice index → its reasoning split (a reasoning parser only)
 
     def _logprobs(self, token_ids: list[int], entries: list[dict]) -> Optional[ChoiceLogprobs]:
         if self.top is None:
@@ -133,23 +160,40 @@ class _Shapes:
         return ChoiceLogprobs.model_construct(content=chat_logprobs(self.model, token_ids, entries, self.top),
                                               refusal=None)
 
-    def _message(self, c: Choice) -> tuple[AssistantMessage, Optional[str]]:
-        """The choice's message and finish reason: tool calls parsed out of the text when the request has tools."""
+    def _split(self, idx: int):
+        """The choice's reasoning split (None: no reasoning parser)."""
+        if idx not in self.splits:
+            self.splits[idx] = self.thinking.split(self.prompt)
+        return self.splits[idx]
+
+    def _message(self, idx: int, c: Choice) -> tuple[AssistantMessage, Optional[str]]:
+        """The choice's message and finish reason: the reasoning split off, then tool calls parsed out of the
+        content when the request has tools."""
+        split = self._split(idx)
+        reasoning, text = split.whole(c.deltas) if split is not None else ("", c.text)
+        extra = message_fields(reasoning)
         parser = self.plan.parser()
         if parser is None:
-            return AssistantMessage.model_construct(role="assistant", content=c.text, refusal=None), c.finish_reason
-        parsed: ParseResult = parser.parse(c.text)
+            return AssistantMessage.model_construct(role="assistant", content=text, refusal=None,
+                                                    **extra), c.finish_reason
+        parsed: ParseResult = parser.parse(text)
         if not parsed.tool_calls:
             return AssistantMessage.model_construct(role="assistant", content=parsed.content or "",
-                                                    refusal=None), c.finish_reason
+                                                    refusal=None, **extra), c.finish_reason
         calls = [t.to_openai() for t in parsed.tool_calls]
         return (AssistantMessage.model_construct(role="assistant", content=parsed.content, refusal=None,
-                                                 tool_calls=calls), _calls_finish(c.finish_reason))
+                                                 tool_calls=calls, **extra), _calls_finish(c.finish_reason))
+
+    def _usage(self, u: Usage) -> Usage:
+        """The usage, with the reasoning tokens when a reasoning parser reads the output."""
+        if not self.thinking.active:
+            return u
+        return with_reasoning_tokens(u, sum(s.tokens for s in self.splits.values() if s is not None))
 
     def response(self, choices: dict[int, Choice], u: Usage) -> ChatCompletionResponse:
         out = []
         for idx, c in sorted(choices.items()):
-            message, finish = self._message(c)
+            message, finish = self._message(idx, c)
             out.append(ChatChoice.model_construct(index=idx, message=message,
                                                   logprobs=self._logprobs(c.token_ids, c.logprobs),
                                                   finish_reason=finish, **_stop_reason(c.stop_reason)))
@@ -159,7 +203,7 @@ class _Shapes:
             extra["prompt_logprobs"] = vllm_prompt_logprobs(self.model, self.prompt_ids, plp, self.prompt_top)
         return ChatCompletionResponse.model_construct(id=self.rid, object="chat.completion", created=self.created,
                                                       model=self.model.name, system_fingerprint=None, choices=out,
-                                                      usage=u, **extra)
+                                                      usage=self._usage(u), **extra)
 
     def _chunk(self, choices: list, **extra) -> ChatCompletionChunk:
         if self.include_usage and "usage" not in extra:
@@ -191,21 +235,27 @@ class _Shapes:
     def _delta_message(self, idx: int, out) -> Optional[DeltaMessage]:
         """The text delta as a message delta: content, and with tools the parser's tool-call entries (its
         held-back text goes out at the choice's end). None when there is nothing to send."""
+        split = self._split(idx)
+        reasoning, text = "", out.text_delta
+        if split is not None:
+            r = split.feed(out.text_delta, len(out.token_ids_delta), final=bool(out.finish_reason))
+            reasoning, text = r.reasoning, r.content
+        extra = message_fields(reasoning)
         if not self.plan.active:
-            return DeltaMessage.model_construct(content=out.text_delta) if out.text_delta else None
+            return DeltaMessage.model_construct(content=text or None, **extra) if text or extra else None
         parser = self.parsers.get(idx) or self.parsers.setdefault(idx, self.plan.parser())
-        d = parser.feed(out.text_delta)
+        d = parser.feed(text)
         if out.finish_reason:
             end = parser.finish()
             d.content += end.content
             d.tool_calls = _merge_entries(d.tool_calls + end.tool_calls)
         if d.tool_calls:
             self.called.add(idx)
-            return DeltaMessage.model_construct(content=d.content or None, tool_calls=d.tool_calls)
-        return DeltaMessage.model_construct(content=d.content) if d.content else None
+            return DeltaMessage.model_construct(content=d.content or None, tool_calls=d.tool_calls, **extra)
+        return DeltaMessage.model_construct(content=d.content or None, **extra) if d.content or extra else None
 
     def usage(self, u: Usage) -> ChatCompletionChunk:
-        return self._chunk([], usage=u)
+        return self._chunk([], usage=self._usage(u))
 
 
 def _stop_reason(matched: Optional[str]) -> dict:

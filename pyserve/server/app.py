@@ -75,7 +75,8 @@ class AppState:
         name, aliases = (spec.name, spec.aliases) if spec else (c.served_model_name, tuple(c.aliases))
         template = spec.chat_template if spec and spec.chat_template is not None else c.chat_template
         return Serving(ServedModel.from_engine(engine, name, template, c.trust_request_chat_template, c.pooling,
-                                               c.normalize_embeddings, c.tool_call_parser, aliases))
+                                               c.normalize_embeddings, c.tool_call_parser, aliases,
+                                               c.reasoning_parser, c.reasoning_budget))
 
     def set_engine(self, engine) -> None:
         """Serves an engine the caller opened (and closes), as the one model."""

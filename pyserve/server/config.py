@@ -25,6 +25,8 @@ class ServerConfig:
     pooling: str = "last"  # /v1/embeddings: "last" (the last token's final-norm hidden state) or "mean"
     normalize_embeddings: bool = True
     tool_call_parser: Optional[str] = None  # the tool-call family (None: detected from the chat template)
+    reasoning_parser: str = "auto"  # the reasoning format (auto: detected from the chat template; none: off)
+    reasoning_budget: int = -1  # tokens a reasoning may take unless the request says (-1: no bound)
     aliases: list = field(default_factory=list)  # other names of the one model (--served-model-name A B)
     # several models (model_registry.py): loaded at once (0: no bound), bytes they may hold (0: no bound),
     # seconds one may stay loaded unused (0: for ever); max_queue_wait also bounds a wait for room

@@ -63,6 +63,8 @@ class ServeOptions:
     pooling: str = "last"
     normalize_embeddings: bool = True
     tool_call_parser: Optional[str] = None
+    reasoning_parser: str = "auto"
+    reasoning_budget: int = -1
 
 
 def _app(opts: ServeOptions):
@@ -82,6 +84,7 @@ def _app(opts: ServeOptions):
         stalled_client_timeout=opts.stalled_client_timeout,
         trust_request_chat_template=opts.trust_request_chat_template, pooling=opts.pooling,
         normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser,
+        reasoning_parser=opts.reasoning_parser, reasoning_budget=opts.reasoning_budget,
         aliases=names[1:], max_loaded_models=opts.max_loaded_models,
         models_memory=opts.models_memory, keep_alive=opts.keep_alive))
 

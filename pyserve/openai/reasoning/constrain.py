@@ -1,0 +1,53 @@
+"""Structured output and tool grammars after the reasoning, and the thinking budget, as one llguidance grammar.
+
+A ``response_format`` or tool-call grammar constrains the answer, not the thinking: the request's grammar (a JSON
+schema's TopLevelGrammar, as StructuredOutputsParams compiles it) becomes a subgrammar ``@json_schema`` after a
+free reasoning part and the end marker (``start: think answer``). Free reasoning is a lazy terminal whose
+``suffix`` is the end marker: it ends at the model's first ``</think>``, and the answer's grammar starts there.
+
+A budget (``thinking_token_budget``, ``--reasoning-budget``) is ``max_tokens=N`` on that terminal, which then
+ends after N tokens and the grammar forces the end marker, so the answer follows. llguidance forces what must
+follow only where the terminal itself cannot go on, and its lexer looks one byte ahead: a budgeted reasoning part
+is therefore text without ``<`` (the first byte of the marker), so that a ``<`` always starts the marker. (Tried
+first: a suffix terminal with max_tokens ends at the budget without forcing its suffix; ``/(?s:.*)/`` minus the
+texts containing the marker cannot give back ``</think`` once read.) One grammar, not two engine requests (the
+thinking stopped at the marker, then the answer under the grammar from prompt + reasoning): one request keeps
+streaming, n > 1, and the engine's admission as they are.
+
+Only the ``<think>`` formats (their markers are text; gpt-oss's and Gemma 4's are control tokens): for them a
+constraint applies to the whole output, as a raw ``structured_outputs`` grammar always does.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from ...engine.structured import StructuredOutputsParams
+from .base import ReasoningParser
+
+__all__ = ["after_reasoning"]
+
+TEXT_MARKERS = ("qwen3", "deepseek_r1", "glm45")
+_GAP = r"/\s{0,2}/"  # the templates' "\n\n" after the marker; bounded, or a model may write whitespace for ever
+_ANSWER_FREE = '{"grammars": [{"name": "answer", "lark_grammar": "start: /(?s:.*)/"}]}'
+
+
+def after_reasoning(parser: ReasoningParser, so: Optional[StructuredOutputsParams],
+                    budget: Optional[int]) -> Optional[StructuredOutputsParams]:
+    """The constraint of a thinking request: ``so`` (None: free text) after the reasoning, the reasoning cut at
+    ``budget`` tokens (None: no bound). ``so`` itself where the output does not start a reasoning block."""
+    if parser.name not in TEXT_MARKERS or not parser.may_reason or (so is None and budget is None):
+        return so
+    kind, text = so.llguidance() if so is not None else ("llguidance", _ANSWER_FREE)
+    if kind != "llguidance":
+        return so
+    answer = json.loads(text)["grammars"]
+    opening = "" if parser.in_reasoning else f"/\\s*/ {json.dumps(parser.start)} "
+    ref = "@" + answer[0]["name"]
+    if budget is None:
+        lark = f'start: {opening}think {_GAP} {ref}\nthink[suffix={json.dumps(parser.end)}]: /(?s:.*)/\n'
+    else:
+        lark = (f'start: {opening}think {json.dumps(parser.end)} {_GAP} {ref}\n'
+                f'think[stop="", max_tokens={budget}]: /(?s:.*)/ & ~/(?s:.*)<(?s:.*)/\n')
+    grammars = [{"name": "reasoning", "lark_grammar": lark}, *answer]
+    return StructuredOutputsParams(llguidance_grammar=json.dumps({"grammars": grammars}))
