@@ -76,10 +76,25 @@ def test_effort_goes_to_the_template():
     assert not ReasoningPlan("qwen3", None, {"enable_thinking": False}).enabled
 
 
+PIECES = ["a", "b", "</think>", "\n\n", "c"]  # token id i writes PIECES[i]
+
+
 def test_reasoning_tokens_count_the_block():
-    split = ReasoningPlan("qwen3", None, None).split("<think>\n")
-    for text in ("a", "b", "</think>", "\n\n", "c"):
-        split.feed(text, 1)
+    split = ReasoningPlan("qwen3", None, None).split("<think>\n", PIECES.__getitem__)
+    for i, text in enumerate(PIECES):
+        split.feed(text, [i])
+    assert split.tokens == 3
+
+
+@pytest.mark.parametrize("cut", [[5], [2, 3], [3, 2], [1, 3, 1], [4, 1]])
+def test_reasoning_tokens_do_not_depend_on_how_tokens_fall_in_deltas(cut):
+    """A slow reader gets several tokens in one delta: the count is the same."""
+    split = ReasoningPlan("qwen3", None, None).split("<think>\n", PIECES.__getitem__)
+    start = 0
+    for n in cut:
+        ids = list(range(start, start + n))
+        split.feed("".join(PIECES[i] for i in ids), ids)
+        start += n
     assert split.tokens == 3
 
 

@@ -163,8 +163,11 @@ class _Shapes:
     def _split(self, idx: int):
         """The choice's reasoning split (None: no reasoning parser)."""
         if idx not in self.splits:
-            self.splits[idx] = self.thinking.split(self.prompt)
+            self.splits[idx] = self.thinking.split(self.prompt, self._piece)
         return self.splits[idx]
+
+    def _piece(self, tid: int) -> str:
+        return self.model.tokenizer.piece(tid, False).decode("utf-8", errors="replace")
 
     def _message(self, idx: int, c: Choice) -> tuple[AssistantMessage, Optional[str]]:
         """The choice's message and finish reason: the reasoning split off, then tool calls parsed out of the
@@ -238,7 +241,7 @@ class _Shapes:
         split = self._split(idx)
         reasoning, text = "", out.text_delta
         if split is not None:
-            r = split.feed(out.text_delta, len(out.token_ids_delta), final=bool(out.finish_reason))
+            r = split.feed(out.text_delta, out.token_ids_delta, final=bool(out.finish_reason))
             reasoning, text = r.reasoning, r.content
         extra = message_fields(reasoning)
         if not self.plan.active:

@@ -109,11 +109,11 @@ class Choice:
     finish_reason: Optional[str] = None
     prompt_logprobs: Optional[list] = None  # per prompt token (None first), when asked
     stop_reason: Optional[str] = None  # the stop string that ended it (vLLM's)
-    deltas: list[tuple[str, int]] = field(default_factory=list)  # (text, tokens) per delta: the reasoning split
+    deltas: list[tuple[str, list[int]]] = field(default_factory=list)  # (text, token ids) per delta: the reasoning split
 
     def add(self, out) -> None:
         self.text += out.text_delta
-        self.deltas.append((out.text_delta, len(out.token_ids_delta)))
+        self.deltas.append((out.text_delta, out.token_ids_delta))
         self.token_ids += out.token_ids_delta
         self.logprobs += out.logprobs_delta or ()
         self.finish_reason = out.finish_reason or self.finish_reason

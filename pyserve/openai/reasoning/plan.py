@@ -4,8 +4,9 @@ gpt-oss's), and per choice a split of the generated text into reasoning and cont
 generated inside the reasoning (``completion_tokens_details.reasoning_tokens``)."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ...engine.structured import StructuredOutputsParams
 from . import ReasoningDelta, ReasoningParser, get_reasoning_parser
@@ -47,37 +48,54 @@ class ReasoningPlan:
         parser = get_reasoning_parser(self.parser_name)(prompt)
         return after_reasoning(parser, so, self.budget), field or "thinking_token_budget"
 
-    def split(self, prompt: str) -> Optional["ChoiceSplit"]:
-        """A fresh split for one choice (None: the text is all content)."""
+    def split(self, prompt: str, piece: Callable[[int], str]) -> Optional["ChoiceSplit"]:
+        """A fresh split for one choice (None: the text is all content); piece: a token's own text."""
         if not self.active:
             return None
-        return ChoiceSplit(get_reasoning_parser(self.parser_name)(prompt, self.enabled))
+        return ChoiceSplit(get_reasoning_parser(self.parser_name)(prompt, self.enabled), piece)
 
 
 class ChoiceSplit:
-    """One choice's reasoning parser and its reasoning-token count: a delta's tokens count as reasoning when
-    the text before or after it is inside the block (the tokens that write the markers count)."""
+    """One choice's reasoning parser and its reasoning-token count: a token counts as reasoning when the text
+    before or after it is inside the block (the tokens that write the markers count). Counted per token, not
+    per delta: how many tokens one delta carries depends on how fast the client reads."""
 
-    def __init__(self, parser: ReasoningParser):
+    def __init__(self, parser: ReasoningParser, piece: Callable[[int], str]):
         self.parser = parser
+        self.piece = piece
         self.tokens = 0
 
-    def feed(self, text: str, n_tokens: int, final: bool = False) -> ReasoningDelta:
+    def feed(self, text: str, ids: list[int], final: bool = False) -> ReasoningDelta:
         inside = self.parser.in_reasoning
+        before = copy.deepcopy(self.parser) if len(ids) > 1 else None
         d = self.parser.feed(text)
-        if inside or self.parser.in_reasoning:
-            self.tokens += n_tokens
+        after = self.parser.in_reasoning
+        if before is None or (inside and after) or not (inside or after or d.reasoning):
+            self.tokens += len(ids) if inside or after else 0
+        else:  # the delta crosses a marker: which of its tokens were inside
+            self.tokens += _count_inside(before, [self.piece(t) for t in ids])
         if final:
             end = self.parser.finish()
             d.reasoning += end.reasoning
             d.content += end.content
         return d
 
-    def whole(self, deltas: list[tuple[str, int]]) -> tuple[str, str]:
+    def whole(self, deltas: list[tuple[str, list[int]]]) -> tuple[str, str]:
         """(reasoning, content) of a whole choice fed delta by delta (so that it splits, and counts, as the
         same choice streamed does)."""
-        parts = [self.feed(text, n) for text, n in deltas] + [self.parser.finish()]
+        parts = [self.feed(text, ids) for text, ids in deltas] + [self.parser.finish()]
         return "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
+
+
+def _count_inside(parser: ReasoningParser, pieces: list[str]) -> int:
+    """The tokens of a delta that crosses a marker which count as reasoning, fed to (a copy of) the parser
+    as it was before the delta, one token's text at a time."""
+    n = 0
+    for text in pieces:
+        inside = parser.in_reasoning
+        parser.feed(text)
+        n += inside or parser.in_reasoning
+    return n
 
 
 def message_fields(reasoning: str) -> dict:
