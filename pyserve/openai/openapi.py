@@ -6,6 +6,7 @@ from pydantic.json_schema import models_json_schema
 
 from . import protocol as p
 from . import responses as r
+from .protocol_responses import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "validation"),
@@ -15,7 +16,7 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (r.CompletionResponse, "serialization"), (r.ModelList, "serialization"), (r.ModelCard, "serialization"),
            (r.TokenizeResponse, "serialization"), (r.DetokenizeResponse, "serialization"),
            (r.TemplateResponse, "serialization"), (r.TokenizerInfo, "serialization"),
-           (r.ErrorResponse, "serialization")]
+           (r.ErrorResponse, "serialization"), (ResponsesRequest, "validation")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -47,6 +48,14 @@ def _get(summary: str, ok: dict, errors: tuple = ("401",)) -> dict:
     return {"get": {"summary": summary, "responses": responses}}
 
 
+def _responses() -> dict:
+    """The Responses API's create: a Response object (JSON) or its named events (docs/RESPONSES_API.md)."""
+    doc = _post("a response (the Responses API)", ResponsesRequest, r.ErrorResponse)
+    doc["post"]["responses"]["200"]["content"] = {"application/json": {"schema": _JSON},
+                                                  "text/event-stream": {"schema": {"type": "string"}}}
+    return doc
+
+
 def _paths() -> dict:
     model_param = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
@@ -59,6 +68,7 @@ def _paths() -> dict:
         "/v1/completions": _post("text completion", p.CompletionRequest, r.CompletionResponse, r.CompletionResponse),
         "/v1/chat/completions": _post("chat completion", p.ChatCompletionRequest, r.ChatCompletionResponse,
                                       r.ChatCompletionChunk),
+        "/v1/responses": _responses(),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),

@@ -11,6 +11,7 @@ from ..openai.responses import ModelList
 from .info import model_info, server_info, version
 from .metrics import CONTENT_TYPE
 from .responses import json_response, reply
+from .routes_responses import add_responses_routes
 from .webui import add_webui_routes
 from .worker_api import add_worker_routes
 
@@ -21,6 +22,7 @@ async def _body(model: type):
 
 def add_routes(app: QuartTrio, state) -> None:
     _generation_routes(app, state)
+    add_responses_routes(app, state)  # /v1/responses (routes_responses.py)
     _token_routes(app, state)
     _info_routes(app, state)
     add_webui_routes(app)  # the chat page at /
