@@ -93,3 +93,23 @@ def test_bad_items_name_the_field(server, body, field):
     r = httpx.post(server.url + "/v1/responses", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+def test_input_tokens_count_matches_usage(client, server):
+    r = client.responses.create(model=server.model, input="Say hello.", instructions="Be brief.",
+                                max_output_tokens=1, temperature=0)
+    n = client.responses.input_tokens.count(model=server.model, input="Say hello.", instructions="Be brief.")
+    assert n.input_tokens == r.usage.input_tokens
+
+
+def test_text_format_json_schema(client, server):
+    import json
+
+    import jsonschema
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+              "additionalProperties": False}
+    r = client.responses.create(model=server.model, input="Name a city as JSON.", temperature=0,
+                                max_output_tokens=60,
+                                text={"format": {"type": "json_schema", "name": "city", "schema": schema,
+                                                 "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), schema)

@@ -48,11 +48,13 @@ def _get(summary: str, ok: dict, errors: tuple = ("401",)) -> dict:
     return {"get": {"summary": summary, "responses": responses}}
 
 
-def _responses() -> dict:
-    """The Responses API's create: a Response object (JSON) or its named events (docs/RESPONSES_API.md)."""
-    doc = _post("a response (the Responses API)", ResponsesRequest, r.ErrorResponse)
-    doc["post"]["responses"]["200"]["content"] = {"application/json": {"schema": _JSON},
-                                                  "text/event-stream": {"schema": {"type": "string"}}}
+def _responses(summary: str, stream: bool) -> dict:
+    """A Responses API route: a JSON object or (create) its named events (docs/RESPONSES_API.md)."""
+    doc = _post(summary, ResponsesRequest, r.ErrorResponse)
+    content = {"application/json": {"schema": _JSON}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    doc["post"]["responses"]["200"]["content"] = content
     return doc
 
 
@@ -68,7 +70,8 @@ def _paths() -> dict:
         "/v1/completions": _post("text completion", p.CompletionRequest, r.CompletionResponse, r.CompletionResponse),
         "/v1/chat/completions": _post("chat completion", p.ChatCompletionRequest, r.ChatCompletionResponse,
                                       r.ChatCompletionChunk),
-        "/v1/responses": _responses(),
+        "/v1/responses": _responses("a response (the Responses API)", True),
+        "/v1/responses/input_tokens": _responses("the input's token count", False),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/tokenize": _post("prompt or messages to token ids", p.TokenizeRequest, r.TokenizeResponse),
         "/detokenize": _post("token ids to text", p.DetokenizeRequest, r.DetokenizeResponse),

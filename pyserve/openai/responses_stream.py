@@ -33,6 +33,18 @@ class _Translator:
         self.output.append(item)
         return self.ev("response.output_item.added", output_index=len(self.output) - 1, item=item)
 
+    def reasoning(self, delta: str) -> list:
+        """Reasoning deltas (the chat layer's reasoning_content) as a reasoning item's reasoning_text."""
+        item = next((i for i in self.output if i["type"] == "reasoning"), None)
+        out = []
+        if item is None:
+            item = {"type": "reasoning", "id": f"rs_{self.rid}", "summary": [],
+                    "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
+            out.append(self._added(item))
+        item["content"][0]["text"] += delta
+        return out + [self.ev("response.reasoning_text.delta", item_id=item["id"], delta=delta,
+                              output_index=self.output.index(item), content_index=0)]
+
     def content(self, delta: str) -> list:
         out = []
         if self.text is None:
@@ -68,6 +80,8 @@ class _Translator:
         out = []
         for c in chunk.choices:
             d = c.delta
+            if getattr(d, "reasoning_content", None):
+                out += self.reasoning(d.reasoning_content)
             if getattr(d, "content", None):
                 out += self.content(d.content)
             for entry in getattr(d, "tool_calls", None) or []:
@@ -81,6 +95,10 @@ class _Translator:
                             arguments=item["arguments"], name=item["name"]),
                     self.ev("response.output_item.done", output_index=i, item=item)]
         part = item["content"][0]
+        if item["type"] == "reasoning":
+            return [self.ev("response.reasoning_text.done", item_id=item["id"], output_index=i, content_index=0,
+                            text=part["text"]),
+                    self.ev("response.output_item.done", output_index=i, item=item)]
         return [self.ev("response.output_text.done", item_id=item["id"], output_index=i, content_index=0,
                         text=part["text"], logprobs=[]),
                 self.ev("response.content_part.done", item_id=item["id"], output_index=i, content_index=0, part=part),

@@ -82,7 +82,9 @@ _FIELDS = {"messages": "input", "max_tokens": "max_output_tokens", "response_for
 
 
 def _output(msg, rid: str) -> list[dict]:
-    out = []
+    thought = getattr(msg, "reasoning_content", None)
+    out = [{"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": "completed",
+            "content": [{"type": "reasoning_text", "text": thought}]}] if thought else []
     for i, call in enumerate(getattr(msg, "tool_calls", None) or []):
         f = call["function"] if isinstance(call, dict) else call.function
         f = f if isinstance(f, dict) else f.model_dump()
@@ -111,3 +113,10 @@ class ResponsesServing:
         rid = chat.id.removeprefix("chatcmpl-")
         return response_object(f"resp_{rid}", chat.model, req, _output(chat.choices[0].message, rid),
                                chat.usage, "completed")
+
+    async def input_tokens(self, req: ResponsesRequest) -> dict:
+        """/v1/responses/input_tokens: the prompt's length as /v1/responses would render it."""
+        self.chat.model.check_name(req.model)
+        creq = chat_request(req)
+        ids = await self.chat.prompt_ids(creq, self.chat.tool_plan(creq))
+        return {"object": "response.input_tokens", "input_tokens": len(ids)}
