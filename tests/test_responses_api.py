@@ -113,3 +113,11 @@ def test_text_format_json_schema(client, server):
                                 text={"format": {"type": "json_schema", "name": "city", "schema": schema,
                                                  "strict": True}})
     jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_litellm_responses_route(server):
+    import litellm
+
+    r = litellm.responses(model="openai/" + server.model, input="Say hello.", api_base=server.url + "/v1",
+                          api_key="unused", max_output_tokens=16, temperature=0)  # (litellm raises < 16 to 16)
+    assert r.output[0].content[0].text and r.usage.output_tokens <= 16
