@@ -9,6 +9,7 @@ from ..anthropic import protocol as a
 from . import protocol as p
 from . import protocol_rerank as rr
 from . import responses as r
+from .protocol_responses import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "validation"),
@@ -22,7 +23,7 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (rr.RerankResponse, "serialization"), (rr.ScoreRequest, "validation"), (rr.ScoreResponse, "serialization"),
            (fim.InfillRequest, "validation"), (fim.InfillResponse, "serialization"),
            (a.MessagesRequest, "validation"),
-           (a.CountTokensRequest, "validation")]
+           (a.CountTokensRequest, "validation"), (ResponsesRequest, "validation")]
 _ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
@@ -64,6 +65,16 @@ def _get(summary: str, ok: dict, errors: tuple = ("401",)) -> dict:
     responses = {"200": {"description": "OK", "content": {"application/json": {"schema": ok}}}}
     responses.update({code: _error(_ERRORS[code]) for code in errors})
     return {"get": {"summary": summary, "responses": responses}}
+
+
+def _responses(summary: str, stream: bool) -> dict:
+    """A Responses API route: a JSON object or (create) its named events (docs/RESPONSES_API.md)."""
+    doc = _post(summary, ResponsesRequest, r.ErrorResponse)
+    content = {"application/json": {"schema": _JSON}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    doc["post"]["responses"]["200"]["content"] = content
+    return doc
 
 
 def _paths() -> dict:

@@ -14,6 +14,7 @@ from .metrics import CONTENT_TYPE
 from .responses import json_response, reply
 from .routes_rerank import add_rerank_routes
 from .routes_anthropic import add_anthropic_routes
+from .routes_responses import add_responses_routes
 from .webui import add_webui_routes
 from .worker_api import add_worker_routes
 
@@ -24,6 +25,7 @@ async def _body(model: type):
 
 def add_routes(app: QuartTrio, state) -> None:
     _generation_routes(app, state)
+    add_responses_routes(app, state)  # /v1/responses (routes_responses.py)
     _token_routes(app, state)
     add_rerank_routes(app, state)  # /v1/rerank, /v1/score (routes_rerank.py)
     _info_routes(app, state)
