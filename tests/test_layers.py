@@ -1,5 +1,5 @@
-"""The package's layer order holds: engine → openai → server → cli, each importing only its own layer or
-those below; bench (a client of any server) imports none of them. `pyserve/__init__.py` is the facade that
+"""The package's layer order holds: engine → openai / anthropic (the API layer: each API's shapes over the
+one chat serving) → server → cli, each importing only its own layer or those below; bench (a client of any server) imports none of them. `pyserve/__init__.py` is the facade that
 re-exports from every layer, and `_engine` (the compiled extension) is below them all."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pyserve
 
 ROOT = Path(pyserve.__file__).resolve().parent
-ORDER = {"_engine": 0, "engine": 1, "openai": 2, "server": 3, "cli": 4, "__main__": 5}
+ORDER = {"_engine": 0, "engine": 1, "openai": 2, "anthropic": 2, "server": 3, "cli": 4, "__main__": 5}
 
 
 def _layer(module: str) -> str:
