@@ -43,6 +43,7 @@ class ResponseStore:
     def put(self, owner: Optional[str], response: dict, messages: list, input_items: list) -> None:
         if not self.enabled:
             return
+        self._expire()
         self._items[response["id"]] = StoredResponse(owner, response, messages, input_items, time.monotonic())
         self._items.move_to_end(response["id"])
         while len(self._items) > self.size:
