@@ -136,7 +136,9 @@ def _serve(args: argparse.Namespace) -> int:
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
                             tool_call_parser=args.tool_call_parser,
-                            reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget))
+                            reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
+                            response_store_size=args.response_store_size,
+                            response_store_ttl=args.response_store_ttl))
 
 
 def _generate_parser(sub) -> None:
@@ -230,6 +232,10 @@ def _edge_args(srv: argparse.ArgumentParser) -> None:
                      help="seconds an idle connection (or one sending its headers) is kept")
     srv.add_argument("--stalled-client-timeout", type=float, default=30.0,
                      help="abort a stream whose client has not read for this many seconds (0: never)")
+    srv.add_argument("--response-store-size", type=int, default=1000, metavar="N",
+                     help="past /v1/responses kept in memory for previous_response_id and GET (0: off)")
+    srv.add_argument("--response-store-ttl", type=float, default=3600.0, metavar="SECONDS",
+                     help="seconds a stored response is kept")
     srv.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
 

@@ -1,5 +1,6 @@
 """/v1/responses through the openai SDK's client.responses on the default model (one server per module)."""
 import httpx
+import openai
 import pytest
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -121,3 +122,108 @@ def test_litellm_responses_route(server):
     r = litellm.responses(model="openai/" + server.model, input="Say hello.", api_base=server.url + "/v1",
                           api_key="unused", max_output_tokens=16, temperature=0)  # (litellm raises < 16 to 16)
     assert r.output[0].content[0].text and r.usage.output_tokens <= 16
+
+
+# ---- the response store: previous_response_id, retrieve, delete, input_items ----
+
+def test_previous_response_id_prepends_the_conversation(client, server):
+    first = client.responses.create(model=server.model, input="My name is Ada.", max_output_tokens=4, temperature=0)
+    alone = client.responses.create(model=server.model, input="What is my name?", max_output_tokens=4,
+                                    temperature=0, store=False)
+    chained = client.responses.create(model=server.model, input="What is my name?", max_output_tokens=4,
+                                      temperature=0, previous_response_id=first.id)
+    assert chained.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+    assert chained.previous_response_id == first.id
+    n = client.responses.input_tokens.count(model=server.model, input="What is my name?",
+                                            previous_response_id=first.id)
+    assert n.input_tokens == chained.usage.input_tokens
+
+
+def test_retrieve_delete_and_input_items(client, server):
+    r = client.responses.create(model=server.model, input="Say hello.", max_output_tokens=6, temperature=0)
+    got = client.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text and got.usage.output_tokens == r.usage.output_tokens
+    items = client.responses.input_items.list(r.id)
+    assert [i.type for i in items.data] == ["message"] and items.data[0].content[0].text == "Say hello."
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=server.model, input="Hi", max_output_tokens=1, previous_response_id=r.id)
+    assert e.value.body["code"] == "previous_response_not_found" and e.value.body["param"] == "previous_response_id"
+
+
+def test_streamed_response_is_stored(client, server):
+    events = list(client.responses.create(model=server.model, input="Say hello.", max_output_tokens=6,
+                                          temperature=0, stream=True))
+    final = events[-1].response
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_store_false_is_not_kept(client, server):
+    r = client.responses.create(model=server.model, input="Hi", max_output_tokens=2, temperature=0, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+
+
+def test_chained_tool_call_output(client, server):
+    first = client.responses.create(model=server.model, input="What is the weather in Paris?", tools=[WEATHER],
+                                    tool_choice="required", parallel_tool_calls=False, temperature=0,
+                                    max_output_tokens=100)
+    call = next(o for o in first.output if o.type == "function_call")
+    out = [{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}]
+    second = client.responses.create(model=server.model, input=out, previous_response_id=first.id, tools=[WEATHER],
+                                     tool_choice="none", temperature=0, max_output_tokens=8)
+    spelled = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               *out]
+    same = client.responses.create(model=server.model, input=spelled, tools=[WEATHER], tool_choice="none",
+                                   temperature=0, max_output_tokens=8, store=False)
+    assert second.status == "completed" and second.usage.input_tokens == same.usage.input_tokens
+    assert second.output_text == same.output_text
+
+
+def test_background_refused(server):
+    r = httpx.post(server.url + "/v1/responses", json={"input": "Hi", "background": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    from pyserve.bench.launch import ServerProcess
+
+    s = ServerProcess("--api-key", "key-a", "--api-key", "key-b").wait_ready()
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)
+
+
+def test_one_key_never_reads_another(keyed_server):
+    a = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="key-a", max_retries=0)
+    b = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="key-b", max_retries=0)
+    r = a.responses.create(model=keyed_server.model, input="Hi", max_output_tokens=2, temperature=0)
+    assert a.responses.retrieve(r.id).id == r.id
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.input_items.list(r.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.create(model=keyed_server.model, input="Hi", max_output_tokens=1, previous_response_id=r.id)
+    assert a.responses.retrieve(r.id).id == r.id  # B's delete did not touch it
+
+
+def test_store_off_refuses_previous_response_id():
+    from pyserve.bench.launch import ServerProcess
+
+    s = ServerProcess("--response-store-size", "0").wait_ready()
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        r = c.responses.create(model=s.model, input="Hi", max_output_tokens=1, temperature=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model=s.model, input="Hi", max_output_tokens=1, previous_response_id=r.id)
+        assert e.value.body["param"] == "previous_response_id"
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(r.id)
+    finally:
+        assert s.stop() == 0, "".join(s.stderr)

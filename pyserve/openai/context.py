@@ -7,6 +7,8 @@
 - `draining`: set at the drain deadline of a shutdown; in-flight responses end with an error.
 - `stall_timeout` / `on_stall`: a stream whose client stops reading is aborted after that many seconds.
 - `request_id`: the request's id (the client's X-Request-Id, or one the edge made); responses' ids build on it.
+- `owner`: who stored state (the response store) belongs to: a hash of the caller's API key; None on a server
+  without keys.
 """
 from __future__ import annotations
 
@@ -76,6 +78,7 @@ class RequestContext:
     stall_timeout: float = 0.0
     on_stall: Optional[Callable[[], None]] = None
     request_id: str = field(default_factory=lambda: secrets.token_hex(12))
+    owner: Optional[str] = None
 
     def response_id(self, prefix: str) -> str:
         return f"{prefix}-{self.request_id}"

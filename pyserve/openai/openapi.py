@@ -24,7 +24,7 @@ _MODELS = [(p.ChatCompletionRequest, "validation"), (p.CompletionRequest, "valid
            (fim.InfillRequest, "validation"), (fim.InfillResponse, "serialization"),
            (a.MessagesRequest, "validation"),
            (a.CountTokensRequest, "validation"), (ResponsesRequest, "validation")]
-_ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
+_ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model (or stored response)",
            "413": "body too large", "415": "not JSON", "429": "rate limited or overloaded (see Retry-After)",
            "503": "loading or shutting down"}
 _JSON = {"type": "object", "additionalProperties": True}
@@ -77,6 +77,17 @@ def _responses(summary: str, stream: bool) -> dict:
     return doc
 
 
+def _stored_responses() -> dict:
+    """The response store's routes (docs/RESPONSES_API.md): a stored Response, its deletion, its input items."""
+    rid = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    order = [{"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}}]
+    one = _get("a stored response", _JSON, ("401", "404"))["get"]
+    gone = _get("delete a stored response", _JSON, ("401", "404"))["get"]
+    items = _get("a stored response's input items", _JSON, ("400", "401", "404"))["get"]
+    return {"/v1/responses/{response_id}": {"get": dict(one, parameters=rid), "delete": dict(gone, parameters=rid)},
+            "/v1/responses/{response_id}/input_items": {"get": dict(items, parameters=rid + order)}}
+
+
 def _paths() -> dict:
     model_param = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
@@ -95,6 +106,9 @@ def _paths() -> dict:
                                          a.MessagesRequest, _JSON_REF)),
         "/v1/messages/count_tokens": _anthropic(_post("Anthropic's token count of a message request",
                                                       a.CountTokensRequest, _JSON_REF)),
+        "/v1/responses": _responses("a response (the Responses API)", True),
+        "/v1/responses/input_tokens": _responses("the input's token count", False),
+        **_stored_responses(),
         "/v1/embeddings": _post("embeddings of texts or token ids", p.EmbeddingRequest, r.EmbeddingResponse),
         "/v1/rerank": _post("documents ranked by a reranker model's relevance to a query (Jina / Cohere)",
                             rr.RerankRequest, rr.RerankResponse),

@@ -14,7 +14,7 @@ def response_object(rid: str, model: str, req: ResponsesRequest, output: list, u
     return {"id": rid, "object": "response", "created_at": now(), "status": status, "model": model,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "instructions": req.instructions,
-            "usage": usage}
+            "previous_response_id": req.previous_response_id, "usage": usage}
 
 
 def reasoning_tokens(u) -> int:

@@ -2,7 +2,7 @@
 sequence_number: created, in_progress, per output item added / deltas / done, completed (or failed)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from .protocol_responses import ResponsesRequest
 from .response_object import response_object
@@ -10,8 +10,8 @@ from .streaming import DONE, EventStream, Named
 
 
 class _Translator:
-    def __init__(self, req: ResponsesRequest):
-        self.req, self.seq, self.rid, self.model = req, 0, None, None
+    def __init__(self, req: ResponsesRequest, keep: Optional[Callable[[dict], None]]):
+        self.req, self.seq, self.rid, self.model, self.keep = req, 0, None, None, keep
         self.text: Optional[dict] = None  # the open message item
         self.calls: dict[int, dict] = {}  # tool-call index → its function_call item
         self.output: list[dict] = []  # items in output order
@@ -108,7 +108,10 @@ class _Translator:
         out = []
         for i, item in enumerate(self.output):
             out += self._item_done(i, item)
-        return out + [self.ev("response.completed", response=self.resp("completed"))]
+        resp = self.resp("completed")
+        if self.keep:
+            self.keep(resp)  # stored before the client can see its id
+        return out + [self.ev("response.completed", response=resp)]
 
     def failed(self, body: dict) -> list:
         err = body.get("error", {})
@@ -118,8 +121,8 @@ class _Translator:
                                                                 "message": err.get("message", "")}})]
 
 
-async def _events(chat: EventStream, req: ResponsesRequest):
-    t = _Translator(req)
+async def _events(chat: EventStream, req: ResponsesRequest, keep):
+    t = _Translator(req, keep)
     async for batch in chat.batches:
         out = []
         for item in batch:
@@ -135,5 +138,7 @@ async def _events(chat: EventStream, req: ResponsesRequest):
     yield t.finish()
 
 
-def responses_events(chat: EventStream, req: ResponsesRequest) -> EventStream:
-    return EventStream(_events(chat, req))
+def responses_events(chat: EventStream, req: ResponsesRequest,
+                     keep: Optional[Callable[[dict], None]] = None) -> EventStream:
+    """`keep(response)`: called with the completed Response (to store it)."""
+    return EventStream(_events(chat, req, keep))

@@ -3,6 +3,7 @@ ChatServing.create, its ChatCompletionResponse translated back into a Response o
 from __future__ import annotations
 
 import json
+from functools import partial
 
 from pydantic import ValidationError
 
@@ -10,7 +11,9 @@ from .context import RequestContext
 from .errors import bad_request
 from .protocol import ChatCompletionRequest, StreamOptions
 from .protocol_responses import ResponsesRequest
+from .response_items import input_items, output_message
 from .response_object import response_object
+from .response_store import ResponseStore
 from .responses_stream import responses_events
 
 
@@ -56,13 +59,17 @@ def _response_format(text):
     return {"type": fmt.get("type")}
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+def input_messages(req: ResponsesRequest) -> list[dict]:
+    """This request's input as chat messages (without the instructions)."""
     if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
-    else:
-        messages += [_item_message(i) for i in req.input if i.get("type") != "reasoning"]
-    body = {"model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
+        return [{"role": "user", "content": req.input}]
+    return [_item_message(i) for i in req.input if i.get("type") != "reasoning"]
+
+
+def chat_request(req: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
+    """The chat request: the instructions as the system message, then `conversation` (chat messages)."""
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    body = {"model": req.model, "messages": system + conversation, "max_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": _tools(req),
             "tool_choice": _tool_choice(req.tool_choice) if req.tools else None,
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req.text),
@@ -99,24 +106,36 @@ def _output(msg, rid: str) -> list[dict]:
 
 
 class ResponsesServing:
-    def __init__(self, chat):
-        self.chat = chat
+    def __init__(self, chat, store: ResponseStore):
+        self.chat, self.store = chat, store
 
     async def create(self, req: ResponsesRequest, ctx: RequestContext):
-        if req.previous_response_id is not None:
-            raise bad_request("previous_response_id needs the response store, which is off", param="previous_response_id")
-        creq = chat_request(req)
+        if req.background:
+            raise bad_request("background responses are not served", param="background")
+        prior = self.store.previous(ctx.owner, req.previous_response_id) if req.previous_response_id else []
+        conversation = prior + input_messages(req)
+        creq = chat_request(req, conversation)
+        keep = partial(self._keep, req, ctx.owner, conversation) if req.store is not False else None
         if req.stream:
             creq.stream, creq.stream_options = True, StreamOptions(include_usage=True)
-            return responses_events(await self.chat.create(creq, ctx), req)
+            return responses_events(await self.chat.create(creq, ctx), req, keep)
         chat = await self.chat.create(creq, ctx)
         rid = chat.id.removeprefix("chatcmpl-")
-        return response_object(f"resp_{rid}", chat.model, req, _output(chat.choices[0].message, rid),
+        resp = response_object(f"resp_{rid}", chat.model, req, _output(chat.choices[0].message, rid),
                                chat.usage, "completed")
+        if keep:
+            keep(resp)
+        return resp
 
-    async def input_tokens(self, req: ResponsesRequest) -> dict:
+    def _keep(self, req: ResponsesRequest, owner, conversation: list[dict], resp: dict) -> None:
+        """Stores a completed response with its conversation (what a later previous_response_id prepends)."""
+        messages = conversation + [output_message(resp["output"])]
+        self.store.put(owner, resp, messages, input_items(req, resp["id"]))
+
+    async def input_tokens(self, req: ResponsesRequest, ctx: RequestContext) -> dict:
         """/v1/responses/input_tokens: the prompt's length as /v1/responses would render it."""
         self.chat.model.check_name(req.model)
-        creq = chat_request(req)
+        prior = self.store.previous(ctx.owner, req.previous_response_id) if req.previous_response_id else []
+        creq = chat_request(req, prior + input_messages(req))
         ids = await self.chat.prompt_ids(creq, self.chat.tool_plan(creq))
         return {"object": "response.input_tokens", "input_tokens": len(ids)}

@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..anthropic.errors import anthropic_body, wants_anthropic
 from ..openai.context import RequestContext
+from ..openai.response_store import ResponseStore
 from ..openai.errors import OpenAIError, loading, server_error
 from ..openai.served_model import ServedModel
 from ..openai.serving_chat import ChatServing
@@ -68,6 +69,7 @@ class AppState:
             config.max_loaded_models, config.models_memory, config.max_queue_wait, config.keep_alive))
         self.ready = False  # the models to load at start are loaded
         self.draining = trio.Event()  # set at the drain deadline: in-flight responses end
+        self.responses = ResponseStore(config.response_store_size, config.response_store_ttl)
 
     def _serving_for(self, engine, spec: Optional[ModelSpec]) -> Serving:
         """An open engine's Serving (a worker thread may build it: reading the vocabulary takes a while)."""

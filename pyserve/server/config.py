@@ -27,6 +27,8 @@ class ServerConfig:
     tool_call_parser: Optional[str] = None  # the tool-call family (None: detected from the chat template)
     reasoning_parser: str = "auto"  # the reasoning format (auto: detected from the chat template; none: off)
     reasoning_budget: int = -1  # tokens a reasoning may take unless the request says (-1: no bound)
+    response_store_size: int = 1000  # past /v1/responses kept for previous_response_id and GET (0: off)
+    response_store_ttl: float = 3600.0  # seconds one is kept
     aliases: list = field(default_factory=list)  # other names of the one model (--served-model-name A B)
     # several models (model_registry.py): loaded at once (0: no bound), bytes they may hold (0: no bound),
     # seconds one may stay loaded unused (0: for ever); max_queue_wait also bounds a wait for room

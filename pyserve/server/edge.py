@@ -16,6 +16,7 @@ from quart import Response
 
 from ..openai.context import NullObserver, RequestContext
 from ..openai.errors import OpenAIError, bad_request, server_error
+from ..openai.response_store import owner_of
 from .admission import Admission, AdmissionQueue, RateLimiter
 from .auth import AccessConfig, auth_error, cors_headers, match_key, origin_allowed, presented_key
 from .config import ServerConfig
@@ -24,6 +25,7 @@ from .metrics import TIMER_KEY, Metrics
 log = logging.getLogger("pyserve.server")
 
 KEY_KEY = "pyserve.client_key"  # the client's key (API key or address) in the ASGI scope
+OWNER_KEY = "pyserve.owner"  # the matched API key's hash (RequestContext.owner) in the ASGI scope
 ID_KEY = "pyserve.request_id"  # the request's id in the ASGI scope (X-Request-Id in and out)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # POST endpoints that take a JSON body
@@ -68,6 +70,7 @@ class Edge:
             if key is None:
                 self._refused_key(request, token)
                 raise auth_error(token is None)
+            request.scope[OWNER_KEY] = owner_of(key)
         if request.method == "POST":
             self._check_post(request)
             request.scope[KEY_KEY] = key = key or f"addr:{request.remote_addr}"
@@ -117,7 +120,8 @@ class Edge:
         return RequestContext(observer=request.scope.get(TIMER_KEY) or NullObserver(),
                               admit=partial(self.admission.admit, key), draining=draining,
                               stall_timeout=self.config.stalled_client_timeout, on_stall=self._stalled,
-                              request_id=request.scope.get(ID_KEY) or secrets.token_hex(12))
+                              request_id=request.scope.get(ID_KEY) or secrets.token_hex(12),
+                              owner=request.scope.get(OWNER_KEY))
 
     def _stalled(self) -> None:
         self.stalled_clients += 1

@@ -1,4 +1,4 @@
-"""The Responses API's routes (/v1/responses)."""
+"""The Responses API's routes (/v1/responses, and the stored responses under /v1/responses/{id})."""
 from __future__ import annotations
 
 from quart import request
@@ -16,10 +16,28 @@ def add_responses_routes(app: QuartTrio, state) -> None:
     async def responses():
         req = parse_body(ResponsesRequest, await request.get_data(cache=False))
         serving = await state.serving(req.model)
-        return reply(await ResponsesServing(serving.chat).create(req, state.context()), bool(req.stream))
+        return reply(await ResponsesServing(serving.chat, state.responses).create(req, state.context()),
+                     bool(req.stream))
 
     @app.post("/v1/responses/input_tokens")
     async def responses_input_tokens():
         req = parse_body(ResponsesRequest, await request.get_data(cache=False))
         serving = await state.serving(req.model)
-        return json_response(await ResponsesServing(serving.chat).input_tokens(req))
+        return json_response(await ResponsesServing(serving.chat, state.responses).input_tokens(req, state.context()))
+
+    _stored_routes(app, state)
+
+
+def _stored_routes(app: QuartTrio, state) -> None:
+    @app.get("/v1/responses/<rid>")
+    async def response_get(rid: str):
+        return json_response(state.responses.get(state.context().owner, rid).response)
+
+    @app.delete("/v1/responses/<rid>")
+    async def response_delete(rid: str):
+        return json_response(state.responses.delete(state.context().owner, rid))
+
+    @app.get("/v1/responses/<rid>/input_items")
+    async def response_input_items(rid: str):
+        order = request.args.get("order", "desc")
+        return json_response(state.responses.input_list(state.context().owner, rid, order))

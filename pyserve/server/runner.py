@@ -65,6 +65,8 @@ class ServeOptions:
     tool_call_parser: Optional[str] = None
     reasoning_parser: str = "auto"
     reasoning_budget: int = -1
+    response_store_size: int = 1000
+    response_store_ttl: float = 3600.0
 
 
 def _app(opts: ServeOptions):
@@ -86,7 +88,8 @@ def _app(opts: ServeOptions):
         normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser,
         reasoning_parser=opts.reasoning_parser, reasoning_budget=opts.reasoning_budget,
         aliases=names[1:], max_loaded_models=opts.max_loaded_models,
-        models_memory=opts.models_memory, keep_alive=opts.keep_alive))
+        models_memory=opts.models_memory, keep_alive=opts.keep_alive,
+        response_store_size=opts.response_store_size, response_store_ttl=opts.response_store_ttl))
 
 
 def _hypercorn_config(opts: ServeOptions, metrics, draining) -> HypercornConfig:
