@@ -38,7 +38,7 @@ def test_streamed_completion_logprobs_deliver_every_entry_once(server, body):
 
 
 def test_unknown_paths_answer_openai_errors(server):
-    for method, path in [("POST", "/v1/responses"), ("GET", "/v1/nowhere"), ("POST", "/v1/audio/speech")]:
+    for method, path in [("POST", "/v1/images/generations"), ("GET", "/v1/nowhere"), ("POST", "/v1/audio/speech")]:
         r = httpx.request(method, server.url + path, json={})
         assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
         err = r.json()["error"]
