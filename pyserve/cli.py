@@ -138,7 +138,8 @@ def _serve(args: argparse.Namespace) -> int:
                             tool_call_parser=args.tool_call_parser,
                             reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                             response_store_size=args.response_store_size,
-                            response_store_ttl=args.response_store_ttl))
+                            response_store_ttl=args.response_store_ttl,
+                            response_store_bytes=args.response_store_bytes))
 
 
 def _generate_parser(sub) -> None:
@@ -236,6 +237,8 @@ def _edge_args(srv: argparse.ArgumentParser) -> None:
                      help="past /v1/responses kept in memory for previous_response_id and GET (0: off)")
     srv.add_argument("--response-store-ttl", type=float, default=3600.0, metavar="SECONDS",
                      help="seconds a stored response is kept")
+    srv.add_argument("--response-store-bytes", type=_bytes, default=256 << 20, metavar="BYTES",
+                     help="bytes the stored responses may take, as JSON (default 256M; the oldest go first)")
     srv.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds in-flight requests may run on after SIGINT/SIGTERM")
 

@@ -145,6 +145,26 @@ def test_infill_streams_llama_cpp_objects(srv):
     assert final["tokens_predicted"] == whole["tokens_predicted"] and final["stop_type"] == whole["stop_type"]
 
 
+def test_infill_n_probs_are_the_completions_logprobs(srv, sdk):
+    """llama.cpp's completion_probabilities: each generated token with its logprob and the n_probs most likely,
+    the same numbers /v1/completions gives for the same FIM prompt; streamed steps carry their tokens' share."""
+    body = dict(model="qwen", input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=N, temperature=0, n_probs=3,
+                return_tokens=True)
+    whole = post(srv, "/infill", **body).json()
+    probs = whole["completion_probabilities"]
+    assert [p["id"] for p in probs] == whole["tokens"] and len(probs) == whole["tokens_predicted"]
+    ref = sdk.completions.create(model="qwen", prompt=PREFIX, suffix=SUFFIX, max_tokens=N, temperature=0,
+                                 logprobs=3).choices[0].logprobs
+    for p, lp, top in zip(probs, ref.token_logprobs, ref.top_logprobs):
+        assert len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"]  # greedy: the top one
+        assert abs(p["logprob"] - lp) < 1e-6 and bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
+        assert sorted(round(t["logprob"], 5) for t in p["top_logprobs"]) == sorted(round(v, 5) for v in top.values())
+    with httpx.stream("POST", srv.url + "/infill", json=dict(body, stream=True), timeout=60) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln]
+    streamed = [p for e in events[:-1] for p in e["completion_probabilities"]]
+    assert streamed == probs and "completion_probabilities" not in events[-1]
+
+
 def test_a_model_without_fim_tokens_is_refused(srv, sdk):
     with pytest.raises(openai.BadRequestError) as ei:
         sdk.completions.create(model="gemma", prompt=PREFIX, suffix=SUFFIX, max_tokens=N)
@@ -162,7 +182,8 @@ def test_a_model_without_fim_tokens_is_refused(srv, sdk):
     ({"input_prefix": "a", "input_suffix": "b", "input_extra": {"text": "t"}}, "input_extra"),
     ({"input_prefix": "a", "input_suffix": "b", "prompt": 5}, "prompt"),
     ({"input_prefix": "a", "input_suffix": "b", "n_predict": 0}, "n_predict"),
-    ({"input_prefix": "a", "input_suffix": "b", "n_probs": 3}, "n_probs"),
+    ({"input_prefix": "a", "input_suffix": "b", "n_probs": 21}, "n_probs"),
+    ({"input_prefix": "a", "input_suffix": "b", "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ({"input_prefix": "a", "input_suffix": "b", "temperature": "hot"}, "temperature"),
 ])
 def test_bad_infill_bodies_name_the_field(srv, body, param):

@@ -31,6 +31,7 @@ CASES = [
     ("gpt_oss", "<|start|>assistant",
      f"<|channel|>analysis<|message|>Think hard.<|end|>{HARMONY_FINAL}The answer.", "Think hard.", "The answer."),
     ("gpt_oss", "<|start|>assistant", "<|channel|>analysis<|message|>Hm.<|end|><|channel|>final<|message|>A.", "Hm.", "A."),
+    ("gpt_oss", "<|start|>assistant", "<|channel|>final<|message|>No analysis.", "", "No analysis."),
 ]
 
 
@@ -136,4 +137,6 @@ def test_the_answer_grammar_starts_after_the_think_block(prompt, opening):
 def test_no_think_block_keeps_the_constraint():
     so = StructuredOutputsParams(json={"type": "object"})
     assert after_reasoning(get_reasoning_parser("qwen3")("<think>\n\n</think>\n\n"), so, None) is so
-    assert after_reasoning(get_reasoning_parser("gpt_oss")("<|start|>assistant"), so, 5) is so
+    # harmony's tool calls go to their own channel: a tool grammar applies to the whole output
+    assert after_reasoning(get_reasoning_parser("gpt_oss")("<|start|>assistant"), so, 5, tools=True) is so
+    assert after_reasoning(get_reasoning_parser("gemma4")(""), so, 5) is so  # control-token markers: whole output

@@ -1,7 +1,11 @@
 """/v1/responses through the openai SDK's client.responses on the default model (one server per module)."""
+import time
+
 import httpx
 import openai
 import pytest
+
+from pyserve.bench.prometheus import parse_metrics, total
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -183,9 +187,59 @@ def test_chained_tool_call_output(client, server):
     assert second.output_text == same.output_text
 
 
-def test_background_refused(server):
-    r = httpx.post(server.url + "/v1/responses", json={"input": "Hi", "background": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+def _settled(client, rid: str, limit: int = 400):
+    """The background response once it is no longer queued or in progress (polled, bounded: ~20 s)."""
+    for _ in range(limit):
+        r = client.responses.retrieve(rid)
+        if r.status not in ("queued", "in_progress"):
+            return r
+        time.sleep(0.05)
+    raise AssertionError(f"{rid} still {r.status}")
+
+
+def test_background_response_completes_as_a_foreground_one(client, server):
+    args = dict(model=server.model, input="The capital of France is", max_output_tokens=8, temperature=0)
+    queued = client.responses.create(background=True, **args)
+    assert queued.status in ("queued", "in_progress") and queued.background and queued.id.startswith("resp_")
+    done = _settled(client, queued.id)
+    fore = client.responses.create(**args)
+    assert done.status == "completed" and done.id == queued.id
+    assert done.output_text == fore.output_text and done.output_text
+    assert done.usage.output_tokens == fore.usage.output_tokens and done.usage.input_tokens == fore.usage.input_tokens
+    chained = client.responses.create(model=server.model, input="And of Italy?", previous_response_id=done.id,
+                                      max_output_tokens=1, temperature=0)
+    assert chained.usage.input_tokens > done.usage.input_tokens + done.usage.output_tokens
+
+
+def test_cancel_ends_a_running_background_response_and_frees_its_blocks(client, server):
+    queued = client.responses.create(model=server.model, input="1, 2, 3, 4, 5, 6,", background=True,
+                                     max_output_tokens=3000, temperature=0)
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled" and cancelled.id == queued.id
+    assert client.responses.retrieve(queued.id).status == "cancelled"
+    assert client.responses.cancel(queued.id).status == "cancelled"  # again: as it is
+    for _ in range(400):
+        m, _ = parse_metrics(httpx.get(server.url + "/metrics").text)
+        if total(m, "pyserve:kv_blocks_used") == 0 and total(m, "pyserve:num_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    assert total(m, "pyserve:kv_blocks_used") == 0 and total(m, "pyserve:num_requests_running") == 0
+    assert client.responses.retrieve(queued.id).status == "cancelled"  # the job, aborted, did not overwrite it
+
+
+def test_cancel_refuses_what_is_not_background(client, server):
+    fore = client.responses.create(model=server.model, input="Hi", max_output_tokens=2, temperature=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.cancel(fore.id)
+    assert e.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nonexistent")
+
+
+@pytest.mark.parametrize("extra, param", [({"store": False}, "background"), ({"stream": True}, "stream")])
+def test_background_refused_where_it_cannot_be_polled(server, extra, param):
+    r = httpx.post(server.url + "/v1/responses", json={"input": "Hi", "background": True, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +265,11 @@ def test_one_key_never_reads_another(keyed_server):
     with pytest.raises(openai.NotFoundError):
         b.responses.create(model=keyed_server.model, input="Hi", max_output_tokens=1, previous_response_id=r.id)
     assert a.responses.retrieve(r.id).id == r.id  # B's delete did not touch it
+    bg = a.responses.create(model=keyed_server.model, input="1, 2, 3,", background=True, max_output_tokens=3000,
+                            temperature=0)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.cancel(bg.id)
+    assert a.responses.cancel(bg.id).status == "cancelled"
 
 
 def test_store_off_refuses_previous_response_id():
@@ -225,5 +284,8 @@ def test_store_off_refuses_previous_response_id():
         assert e.value.body["param"] == "previous_response_id"
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(r.id)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model=s.model, input="Hi", max_output_tokens=1, background=True)
+        assert e.value.body["param"] == "background"
     finally:
         assert s.stop() == 0, "".join(s.stderr)

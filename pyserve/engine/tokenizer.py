@@ -460,7 +460,18 @@ def _eog_ids(sp: _Specials, types: list[int], token_to_id: Mapping[str, int],
     for i in (sp.eos_id, sp.eot_id, sp.eom_id, *_marker_ids(_EOG_TEXTS, types, token_to_id), *fim_end_ids):
         if i is not None and i not in eog:
             eog.append(i)
+    eog = _harmony_end_goes_on(eog, token_to_id)
     return tuple(eog[:1] + sorted(eog[1:]))
+
+
+def _harmony_end_goes_on(eog: list[int], token_to_id: Mapping[str, int]) -> list[int]:
+    """gpt-oss's harmony (and Solar Open's) ``<|end|>`` closes a message, not the turn: with ``<|return|>`` and
+    ``<|call|>`` (or ``<|calls|>`` and ``<|flush|>``) among the end ids it is not one (llama.cpp's rule)."""
+    have = {t for t in ("<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|end|>")
+            if token_to_id.get(t) in eog}
+    if "<|end|>" in have and have & {"<|call|>", "<|calls|>"} and have & {"<|return|>", "<|flush|>"}:
+        return [i for i in eog if i != token_to_id["<|end|>"]]
+    return eog
 
 
 def _force_control(attrs: list[int], types: list[int], token_to_id: Mapping[str, int],

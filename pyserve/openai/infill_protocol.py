@@ -8,6 +8,7 @@ from typing import Annotated, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from .errors import bad_request, unsupported
+from ..engine.sampling_params import MAX_LOGPROBS
 from .protocol import (CompletionRequest, MinP, Penalty, RepetitionPenalty, Seed, Stop, Temperature, TopK, TopP,
                        _Model)
 
@@ -39,15 +40,17 @@ class InfillRequest(_Model):
     grammar: Optional[str] = None
     seed: Seed = None
     ignore_eos: Optional[bool] = None
-    n_probs: Annotated[Optional[int], Field(ge=0)] = None
+    n_probs: Annotated[Optional[int], Field(ge=0, le=MAX_LOGPROBS)] = None  # completion_probabilities' top-N
+    post_sampling_probs: Optional[bool] = None
     cache_prompt: Optional[bool] = None  # accepted: pyserve's prefix cache is always on
     return_tokens: Optional[bool] = None  # `tokens`: the generated token ids
 
-    @field_validator("n_probs")
+    @field_validator("post_sampling_probs")
     @classmethod
-    def _no_probs(cls, v):
+    def _no_post_sampling(cls, v):
         if v:
-            raise unsupported("'n_probs' (token probabilities) on /infill", "n_probs")
+            raise unsupported("'post_sampling_probs' (probabilities after the samplers) on /infill",
+                              "post_sampling_probs")
         return v
 
     @model_validator(mode="after")
@@ -72,7 +75,7 @@ class InfillRequest(_Model):
             top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, stream=self.stream, stop=self.stop,
             repetition_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, json_schema=self.json_schema, grammar=self.grammar,
-            seed=self.seed, ignore_eos=self.ignore_eos)
+            seed=self.seed, ignore_eos=self.ignore_eos, logprobs=self.n_probs or None)
 
 
 class InfillTimings(_Model):
@@ -100,3 +103,4 @@ class InfillResponse(_Model):
     stopping_word: str
     tokens_cached: int
     timings: InfillTimings
+    completion_probabilities: Optional[list[dict]] = None  # n_probs: each token's logprob and the top ones

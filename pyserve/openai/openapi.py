@@ -78,14 +78,17 @@ def _responses(summary: str, stream: bool) -> dict:
 
 
 def _stored_responses() -> dict:
-    """The response store's routes (docs/RESPONSES_API.md): a stored Response, its deletion, its input items."""
+    """The response store's routes (docs/RESPONSES_API.md): a stored Response, its deletion, its input items, the
+    cancellation of a background one."""
     rid = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     order = [{"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}}]
     one = _get("a stored response", _JSON, ("401", "404"))["get"]
     gone = _get("delete a stored response", _JSON, ("401", "404"))["get"]
     items = _get("a stored response's input items", _JSON, ("400", "401", "404"))["get"]
+    cancel = _get("cancel a background response", _JSON, ("400", "401", "404"))["get"]
     return {"/v1/responses/{response_id}": {"get": dict(one, parameters=rid), "delete": dict(gone, parameters=rid)},
-            "/v1/responses/{response_id}/input_items": {"get": dict(items, parameters=rid + order)}}
+            "/v1/responses/{response_id}/input_items": {"get": dict(items, parameters=rid + order)},
+            "/v1/responses/{response_id}/cancel": {"post": dict(cancel, parameters=rid)}}
 
 
 def _paths() -> dict:

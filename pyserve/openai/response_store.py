@@ -1,10 +1,11 @@
 """The response store: past Responses kept in memory so that `previous_response_id` can chain on them and
-GET/DELETE /v1/responses/{id} can read them. Bounded by count (the oldest goes first) and by age; each entry
-belongs to an owner (a hash of the caller's API key, None on a server without keys) and no other owner can
+GET/DELETE /v1/responses/{id} can read them. Bounded by count and by bytes (the oldest goes first) and by age;
+each entry belongs to an owner (a hash of the caller's API key, None on a server without keys) and no other owner can
 see it: a lookup by another owner is the same 404 as an unknown id."""
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,29 +26,53 @@ class StoredResponse:
     messages: list  # the conversation as chat messages (prior turns, this input, the output), no system prompt
     input_items: list  # this request's input as Responses items (for /input_items)
     stored_at: float  # time.monotonic()
+    nbytes: int = 0  # its size as JSON (what the byte bound counts)
+    background: bool = False  # created with background=true: /cancel applies to it
 
 
 def not_found(rid: str, param: Optional[str] = None, code: Optional[str] = None) -> OpenAIError:
     return OpenAIError(f"Response with id {rid!r} not found.", 404, "invalid_request_error", param, code)
 
 
+def _json_size(*parts) -> int:
+    return sum(len(json.dumps(p, default=str)) for p in parts)
+
+
 class ResponseStore:
-    def __init__(self, size: int = 1000, ttl: float = 3600.0):
-        self.size, self.ttl = size, ttl
+    def __init__(self, size: int = 1000, ttl: float = 3600.0, max_bytes: int = 256 << 20):
+        self.size, self.ttl, self.max_bytes = size, ttl, max_bytes
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()  # oldest first
+        self._bytes = 0  # the entries' nbytes summed
 
     @property
     def enabled(self) -> bool:
         return self.size > 0
 
-    def put(self, owner: Optional[str], response: dict, messages: list, input_items: list) -> None:
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def put(self, owner: Optional[str], response: dict, messages: list, input_items: list,
+            background: bool = False) -> None:
+        """Stores (or replaces) a response; the oldest entries go while the count or the bytes are over."""
         if not self.enabled:
             return
         self._expire()
-        self._items[response["id"]] = StoredResponse(owner, response, messages, input_items, time.monotonic())
-        self._items.move_to_end(response["id"])
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        self._drop(response["id"])
+        entry = StoredResponse(owner, response, messages, input_items, time.monotonic(),
+                               _json_size(response, messages, input_items), background)
+        self._items[response["id"]] = entry
+        self._bytes += entry.nbytes
+        while len(self._items) > self.size or (self._bytes > self.max_bytes and len(self._items) > 1):
+            self._drop(next(iter(self._items)))
+
+    def replace(self, rid: str, response: dict, messages: Optional[list] = None) -> None:
+        """A background response's new state (in_progress, completed, failed, cancelled) and, once it has an
+        output, its conversation; nothing where it is no longer kept (deleted, evicted)."""
+        entry = self._items.get(rid)
+        if entry is not None:
+            self.put(entry.owner, response, entry.messages if messages is None else messages, entry.input_items,
+                     entry.background)
 
     def get(self, owner: Optional[str], rid: str, param: Optional[str] = None,
             code: Optional[str] = None) -> StoredResponse:
@@ -59,7 +84,7 @@ class ResponseStore:
 
     def delete(self, owner: Optional[str], rid: str) -> dict:
         self.get(owner, rid)
-        del self._items[rid]
+        self._drop(rid)
         return {"id": rid, "object": "response.deleted", "deleted": True}
 
     def input_list(self, owner: Optional[str], rid: str, order: str = "desc") -> dict:
@@ -85,4 +110,9 @@ class ResponseStore:
             rid, entry = next(iter(self._items.items()))
             if entry.stored_at >= limit:
                 return
-            del self._items[rid]
+            self._drop(rid)
+
+    def _drop(self, rid: str) -> None:
+        entry = self._items.pop(rid, None)
+        if entry is not None:
+            self._bytes -= entry.nbytes

@@ -64,11 +64,13 @@ class _Shapes:
 
     def delta(self, idx: int, out) -> list:
         self.seen.add(out)
-        if not out.text_delta:
-            return []
-        return [{"index": 0, "content": out.text_delta, "tokens": self._tokens(out.token_ids_delta), "stop": False,
-                 "id_slot": 0, "tokens_predicted": len(self.seen.token_ids),
-                 "tokens_evaluated": len(self.prompt_ids)}]
+        if not out.text_delta and not (self.req.n_probs and out.token_ids_delta):
+            return []  # (a token's probabilities go out even where its text is held back: part of a character)
+        step = {"index": 0, "content": out.text_delta, "tokens": self._tokens(out.token_ids_delta), "stop": False,
+                "id_slot": 0, "tokens_predicted": len(self.seen.token_ids), "tokens_evaluated": len(self.prompt_ids)}
+        if self.req.n_probs:
+            step["completion_probabilities"] = self._probs(out.token_ids_delta, out.logprobs_delta or [])
+        return [step]
 
     def usage(self, u: Usage) -> InfillResponse:
         return self._final(self.seen, u, streamed=True)
@@ -78,7 +80,9 @@ class _Shapes:
 
     def _final(self, c: Choice, u: Usage, streamed: bool) -> InfillResponse:
         stop_type, word = self._stop(c)
-        return InfillResponse.model_construct(
+        probs = {} if streamed or not self.req.n_probs else {
+            "completion_probabilities": self._probs(c.token_ids, c.logprobs)}
+        return InfillResponse.model_construct(**probs,
             index=0, content="" if streamed else c.text, tokens=[] if streamed else self._tokens(c.token_ids),
             id_slot=0, stop=True, model=self.model.name, tokens_predicted=u.completion_tokens,
             tokens_evaluated=u.prompt_tokens, generation_settings=self._settings(),
@@ -87,6 +91,19 @@ class _Shapes:
             tokens_cached=u.prompt_tokens + u.completion_tokens,
             timings=InfillTimings.model_construct(cache_n=_cached(u), prompt_n=u.prompt_tokens - _cached(u),
                                                   predicted_n=u.completion_tokens))
+
+    def _probs(self, ids: list[int], logprobs: list[dict]) -> list[dict]:
+        """llama.cpp's completion_probabilities: per token its id, text, bytes and logprob, and the n_probs most
+        likely tokens in its place (the engine's {token: logprob}: the chosen one first, then the top ones)."""
+        out = []
+        for tid, alts in zip(ids, logprobs):
+            top = sorted(alts.items(), key=lambda kv: -kv[1])[:self.req.n_probs]
+            out.append({**self._prob(tid, alts[tid]), "top_logprobs": [self._prob(i, lp) for i, lp in top]})
+        return out
+
+    def _prob(self, tid: int, logprob: float) -> dict:
+        data = self.model.tokenizer.piece(tid, False)
+        return {"id": tid, "token": data.decode("utf-8", "ignore"), "bytes": list(data), "logprob": logprob}
 
     def _tokens(self, ids: list[int]) -> list[int]:
         return list(ids) if self.req.return_tokens else []

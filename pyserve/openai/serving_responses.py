@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from functools import partial
+from typing import Optional
 
 from pydantic import ValidationError
 
@@ -105,24 +106,30 @@ def _output(msg, rid: str) -> list[dict]:
     return out
 
 
+def completed(req: ResponsesRequest, chat, rid: Optional[str] = None) -> dict:
+    """The completed Response of a chat completion (its id `rid`, else built on the chat's)."""
+    tag = chat.id.removeprefix("chatcmpl-")
+    return response_object(rid or f"resp_{tag}", chat.model, req, _output(chat.choices[0].message, tag),
+                           chat.usage, "completed")
+
+
 class ResponsesServing:
     def __init__(self, chat, store: ResponseStore):
         self.chat, self.store = chat, store
 
-    async def create(self, req: ResponsesRequest, ctx: RequestContext):
-        if req.background:
-            raise bad_request("background responses are not served", param="background")
+    def prepare(self, req: ResponsesRequest, ctx: RequestContext) -> tuple[list[dict], ChatCompletionRequest]:
+        """The conversation (stored turns `previous_response_id` names, then this input) and its chat request."""
         prior = self.store.previous(ctx.owner, req.previous_response_id) if req.previous_response_id else []
         conversation = prior + input_messages(req)
-        creq = chat_request(req, conversation)
+        return conversation, chat_request(req, conversation)
+
+    async def create(self, req: ResponsesRequest, ctx: RequestContext):
+        conversation, creq = self.prepare(req, ctx)
         keep = partial(self._keep, req, ctx.owner, conversation) if req.store is not False else None
         if req.stream:
             creq.stream, creq.stream_options = True, StreamOptions(include_usage=True)
             return responses_events(await self.chat.create(creq, ctx), req, keep)
-        chat = await self.chat.create(creq, ctx)
-        rid = chat.id.removeprefix("chatcmpl-")
-        resp = response_object(f"resp_{rid}", chat.model, req, _output(chat.choices[0].message, rid),
-                               chat.usage, "completed")
+        resp = completed(req, await self.chat.create(creq, ctx))
         if keep:
             keep(resp)
         return resp

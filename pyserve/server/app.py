@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..anthropic.errors import anthropic_body, wants_anthropic
 from ..openai.context import RequestContext
+from ..openai.background import BackgroundJobs
 from ..openai.response_store import ResponseStore
 from ..openai.errors import OpenAIError, loading, server_error
 from ..openai.served_model import ServedModel
@@ -69,7 +70,9 @@ class AppState:
             config.max_loaded_models, config.models_memory, config.max_queue_wait, config.keep_alive))
         self.ready = False  # the models to load at start are loaded
         self.draining = trio.Event()  # set at the drain deadline: in-flight responses end
-        self.responses = ResponseStore(config.response_store_size, config.response_store_ttl)
+        self.responses = ResponseStore(config.response_store_size, config.response_store_ttl,
+                                       config.response_store_bytes)
+        self.background = BackgroundJobs()  # the running background responses (their tasks: the app's nursery)
 
     def _serving_for(self, engine, spec: Optional[ModelSpec]) -> Serving:
         """An open engine's Serving (a worker thread may build it: reading the vocabulary takes a while)."""
@@ -95,11 +98,15 @@ class AppState:
         self.metrics.model_name = names[0] if single else ""
         self.models.serve(catalog, names[0] if single else (catalog.resolve(preload[0]) if preload else None))
 
-    async def serving(self, name: Optional[str]) -> Serving:
-        """The Serving of the model `name` answers to (None: the default), leased until the request ends."""
+    async def lease(self, name: Optional[str]):
+        """A lease on the model `name` answers to (None: the default) that the caller releases."""
         if not self.ready:
             raise loading()
-        lease = await self.models.acquire(name)
+        return await self.models.acquire(name)
+
+    async def serving(self, name: Optional[str]) -> Serving:
+        """The Serving of the model `name` answers to (None: the default), leased until the request ends."""
+        lease = await self.lease(name)
         request.scope[LEASES_KEY].append(lease)
         timer = request.scope.get(TIMER_KEY)
         if timer is not None:

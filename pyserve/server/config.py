@@ -29,6 +29,7 @@ class ServerConfig:
     reasoning_budget: int = -1  # tokens a reasoning may take unless the request says (-1: no bound)
     response_store_size: int = 1000  # past /v1/responses kept for previous_response_id and GET (0: off)
     response_store_ttl: float = 3600.0  # seconds one is kept
+    response_store_bytes: int = 256 << 20  # bytes they may take, as JSON (the oldest go first)
     aliases: list = field(default_factory=list)  # other names of the one model (--served-model-name A B)
     # several models (model_registry.py): loaded at once (0: no bound), bytes they may hold (0: no bound),
     # seconds one may stay loaded unused (0: for ever); max_queue_wait also bounds a wait for room

@@ -67,6 +67,7 @@ class ServeOptions:
     reasoning_budget: int = -1
     response_store_size: int = 1000
     response_store_ttl: float = 3600.0
+    response_store_bytes: int = 256 << 20
 
 
 def _app(opts: ServeOptions):
@@ -89,7 +90,8 @@ def _app(opts: ServeOptions):
         reasoning_parser=opts.reasoning_parser, reasoning_budget=opts.reasoning_budget,
         aliases=names[1:], max_loaded_models=opts.max_loaded_models,
         models_memory=opts.models_memory, keep_alive=opts.keep_alive,
-        response_store_size=opts.response_store_size, response_store_ttl=opts.response_store_ttl))
+        response_store_size=opts.response_store_size, response_store_ttl=opts.response_store_ttl,
+        response_store_bytes=opts.response_store_bytes))
 
 
 def _hypercorn_config(opts: ServeOptions, metrics, draining) -> HypercornConfig:

@@ -96,7 +96,7 @@ class ReasoningParser:
             return True
         if (self.start.startswith(text) or not text) and not final:
             return False  # still may open the block
-        self._state = _CONTENT
+        self._state = _AFTER if self.after else _CONTENT  # harmony may skip the analysis: its final header goes
         return True
 
     def _on_reasoning(self, out: ReasoningDelta, final: bool) -> bool:

@@ -46,7 +46,7 @@ class ReasoningPlan:
         if not self.active or not self.enabled or field not in ("response_format", "tools", None):
             return so, field
         parser = get_reasoning_parser(self.parser_name)(prompt)
-        return after_reasoning(parser, so, self.budget), field or "thinking_token_budget"
+        return after_reasoning(parser, so, self.budget, field == "tools"), field or "thinking_token_budget"
 
     def split(self, prompt: str, piece: Callable[[int], str]) -> Optional["ChoiceSplit"]:
         """A fresh split for one choice (None: the text is all content); piece: a token's own text."""
