@@ -14,12 +14,11 @@ texts containing the marker cannot give back ``</think`` once read.) One grammar
 thinking stopped at the marker, then the answer under the grammar from prompt + reasoning): one request keeps
 streaming, n > 1, and the engine's admission as they are.
 
-gpt-oss's harmony markers are control tokens, which llguidance's Lark names as ``<|channel|>``: an optional
-analysis message (free text, which cannot contain a control token, so the model's ``<|end|>`` ends it; a budget
-is ``max_tokens`` on it, after which ``<|end|>`` is forced), then the final channel's header and the answer.
+gpt-oss's harmony markers are control tokens, which llguidance's Lark names (``<|channel|>``): an optional analysis
+message (free text, which cannot contain a control token, so the model's ``<|end|>`` ends it; a budget is
+``max_tokens`` on it, after which ``<|end|>`` is forced), then the final channel's header and the answer.
 Harmony's tool calls go to another channel, so a tool grammar there applies to the whole output. Gemma 4's
-markers are control tokens too: its constraints apply to the whole output, as a raw ``structured_outputs``
-grammar always does.
+``<|channel>`` / ``<channel|>`` are user-defined tokens, whose text is in the text: a text-marker format.
 """
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ from .base import ReasoningParser
 
 __all__ = ["after_reasoning"]
 
-TEXT_MARKERS = ("qwen3", "deepseek_r1", "glm45")
-HARMONY = "gpt_oss"
+TEXT_MARKERS = ("qwen3", "deepseek_r1", "glm45", "gemma4")  # gemma4's are user-defined tokens: text
 _GAP = r"/\s{0,2}/"  # the templates' "\n\n" after the marker; bounded, or a model may write whitespace for ever
 _ANSWER_FREE = '{"grammars": [{"name": "answer", "lark_grammar": "start: /(?s:.*)/"}]}'
 
@@ -42,30 +40,39 @@ def after_reasoning(parser: ReasoningParser, so: Optional[StructuredOutputsParam
     """The constraint of a thinking request: ``so`` (None: free text; ``tools``: a tool-call grammar) after the
     reasoning, the reasoning cut at ``budget`` tokens (None: no bound). ``so`` itself where the output does not
     start a reasoning block."""
-    harmony = parser.name == HARMONY and not tools
-    if not (parser.name in TEXT_MARKERS or harmony) or not parser.may_reason or (so is None and budget is None):
+    control = parser.name in _CONTROL and not (tools and parser.name == "gpt_oss")
+    if not (parser.name in TEXT_MARKERS or control) or not parser.may_reason or (so is None and budget is None):
         return so
     kind, text = so.llguidance() if so is not None else ("llguidance", _ANSWER_FREE)
     if kind != "llguidance":
         return so
     answer = json.loads(text)["grammars"]
-    lark = (_harmony if harmony else _think_block)(parser, "@" + answer[0]["name"], budget)
+    lark = (_control_markers if control else _think_block)(parser, "@" + answer[0]["name"], budget)
     grammars = [{"name": "reasoning", "lark_grammar": lark}, *answer]
     return StructuredOutputsParams(llguidance_grammar=json.dumps({"grammars": grammars}))
 
 
-def _harmony(parser: ReasoningParser, ref: str, budget: Optional[int]) -> str:
+# formats whose markers are control tokens, as Lark (llguidance names a control token as `<|channel|>`):
+# (the block's opening, its closing, the header between it and the answer)
+_CONTROL = {"gpt_oss": ('<|channel|> "analysis" <|message|>', '<|end|> <|start|> "assistant"',
+                        '<|channel|> "final" <|message|> ')}
+
+
+def _control_markers(parser: ReasoningParser, ref: str, budget: Optional[int]) -> str:
     """gpt-oss: ``[<|channel|>analysis<|message|>THOUGHT<|end|><|start|>assistant]<|channel|>final<|message|>``
-    then the answer (the prompt ends with ``<|start|>assistant``)."""
+    (the prompt ends with ``<|start|>assistant``), an optional block of free text (which cannot hold a control
+    token: the model's closing token ends it), then the answer."""
+    opening, closing, header = _CONTROL[parser.name]
     limit = "" if budget is None else f"[max_tokens={budget}]"
-    return ('start: analysis? <|channel|> "final" <|message|> ' + ref + "\n"
-            'analysis: <|channel|> "analysis" <|message|> think <|end|> <|start|> "assistant"\n'
+    if parser.in_reasoning:
+        return f"start: think {closing} {header}{ref}\nthink{limit}: /(?s:.*)/\n"
+    return (f"start: block? {header}{ref}\nblock: {opening} think {closing}\n"
             f"think{limit}: /(?s:.*)/\n")
 
 
 def _think_block(parser: ReasoningParser, ref: str, budget: Optional[int]) -> str:
     """The ``<think>`` formats: the reasoning up to the text marker, then the answer."""
-    opening = "" if parser.in_reasoning else f"/\\s*/ {json.dumps(parser.start)} "
+    opening = "" if parser.in_reasoning else f"{_GAP} {json.dumps(parser.start)} "  # bounded, as after the block
     if budget is None:
         lark = f'start: {opening}think {_GAP} {ref}\nthink[suffix={json.dumps(parser.end)}]: /(?s:.*)/\n'
     else:
