@@ -139,4 +139,4 @@ def test_no_think_block_keeps_the_constraint():
     assert after_reasoning(get_reasoning_parser("qwen3")("<think>\n\n</think>\n\n"), so, None) is so
     # harmony's tool calls go to their own channel: a tool grammar applies to the whole output
     assert after_reasoning(get_reasoning_parser("gpt_oss")("<|start|>assistant"), so, 5, tools=True) is so
-    assert after_reasoning(get_reasoning_parser("gemma4")(""), so, 5) is so  # control-token markers: whole output
+    assert after_reasoning(get_reasoning_parser("gemma4")("<|turn>model\n<|channel>thought\n<channel|>"), so, 5) is so
