@@ -14,6 +14,7 @@ the reasoning back.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -51,6 +52,10 @@ class ReasoningParser:
         if prompt.endswith(self.start):
             return _REASONING
         return _START
+
+    def snapshot(self) -> "ReasoningParser":
+        """A copy that reads on from here (every field is an immutable value: a shallow copy, ~2 µs)."""
+        return copy.copy(self)
 
     @property
     def in_reasoning(self) -> bool:

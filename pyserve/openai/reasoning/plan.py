@@ -4,7 +4,6 @@ gpt-oss's), and per choice a split of the generated text into reasoning and cont
 generated inside the reasoning (``completion_tokens_details.reasoning_tokens``)."""
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -67,7 +66,7 @@ class ChoiceSplit:
 
     def feed(self, text: str, ids: list[int], final: bool = False) -> ReasoningDelta:
         inside = self.parser.in_reasoning
-        before = copy.deepcopy(self.parser) if len(ids) > 1 else None
+        before = self.parser.snapshot() if len(ids) > 1 else None
         d = self.parser.feed(text)
         after = self.parser.in_reasoning
         if before is None or (inside and after) or not (inside or after or d.reasoning):
