@@ -82,7 +82,7 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   KVGeometry g;
   g.n_ctx = c.n_ctx > 0 ? c.n_ctx : std::min(hp.n_ctx_train, 8192);
   g.block_size = c.block_size;
-  g.bytes_per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
+  g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(), c.block_size);
   if (c.num_kv_blocks > 0) {
     g.num_kv_blocks = c.num_kv_blocks;
   } else if (c.kv_cache_memory > 0) {
@@ -106,7 +106,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
-  kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);
+  kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);

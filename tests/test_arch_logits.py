@@ -103,6 +103,15 @@ CASES += [
     pytest.param("llama", "F32", {"attn_temperature": 0.3, "rope_scaling": {"type": "none", "factor": 1.0,
                                                                              "original_context": 4}},
                  id="llama-F32-temperature"),
+    # gemma4: per-layer embeddings, shared-KV layers, K as V, a soft-cap that bites, all at once
+    pytest.param("gemma4", "F32", {"per_layer": True}, id="gemma4-F32-per_layer"),
+    pytest.param("gemma4", "Q8_0", {"per_layer": True}, id="gemma4-Q8_0-per_layer"),
+    pytest.param("gemma4", "F32", {"shared_kv": True}, id="gemma4-F32-shared_kv"),
+    pytest.param("gemma4", "Q4_K", {"shared_kv": True, "per_layer": True}, id="gemma4-Q4_K-shared_kv-per_layer"),
+    pytest.param("gemma4", "F32", {"no_v": True}, id="gemma4-F32-no_v"),
+    pytest.param("gemma4", "F32", {"final_softcap": 2.0, "tied": False}, id="gemma4-F32-softcap2-untied"),
+    pytest.param("gemma4", "mixed", {"per_layer": True, "shared_kv": True, "no_v": True, "sliding_window": 9},
+                 id="gemma4-mixed-everything"),
 ]
 
 
