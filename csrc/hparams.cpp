@@ -58,7 +58,7 @@ ArchSpec gemma3() {  // gemma2 with q/k norms, a 5:1 pattern, local RoPE base 10
 // attention scale 1, the final soft-cap read in its sliding-window graph too (llama.cpp: src/models/gemma4.cpp)
 ArchSpec gemma4() {
   ArchSpec s = based(gemma3(), "gemma4");
-  s.layer_shapes = true;
+  s.layer_shapes = s.moe_gelu = true;
   s.attn_scale = 1.f;
   s.swa_pattern = 0;
   return s;
@@ -143,6 +143,7 @@ MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec
   m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
   m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &gating);
   m.oai_glu = spec.moe_oai_glu;
+  m.gelu = spec.moe_gelu;
   m.norm_weights = ranged(f, a + "expert_weights_norm", 0, 1, &norm) != 0;
   const double scale = f.get_float(a + "expert_weights_scale", 1.0);
   m.weights_scale = scale == 0.0 ? 1.0f : (float)scale;  // llama.cpp: 0 means unscaled
@@ -279,8 +280,6 @@ void check_uniform(const GGUFFile& f, const std::string& a, int n_layer,
 // and FFN widths.
 void read_layer_shapes(const GGUFFile& f, const std::string& a, HParams& hp) {
   check_uniform(f, a, hp.n_layer, {"attention.head_count"});
-  if (hp.moe.n_expert > 0)
-    f.fail("metadata key '" + a + "expert_count': gemma4's mixture of experts (26B-A4B) is not supported yet");
   const std::string pat = a + "attention.sliding_window_pattern";
   if (!f.has(pat)) f.fail("missing metadata key '" + pat + "'");
   for (int v : layer_array(f, pat, hp.n_layer, 0, 1)) hp.swa_layers.push_back((uint8_t)v);

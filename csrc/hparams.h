@@ -1,7 +1,7 @@
 // hparams: what an architecture does differently in the one layer graph (ArchSpec), and a file's
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
-// Supported architectures: gemma2, gemma3, gemma4 (dense, per-layer embeddings, shared KV), glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
+// Supported architectures: gemma2, gemma3, gemma4 (dense and MoE, per-layer embeddings, shared KV), glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
 // TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
 // it (linear, YaRN, LongRoPE factors), for any of them.
@@ -45,6 +45,7 @@ struct ArchSpec {
   bool moe_norm = true;         // MoE: renormalise the chosen experts' weights unless the file says
   Gating moe_gating = Gating::Softmax;  // MoE routing unless the file says (gpt-oss: softmax over the chosen)
   bool moe_oai_glu = false;     // MoE experts' clamped SwiGLU (gpt-oss) rather than SiLU(gate) · up
+  bool moe_gelu = false;        // ... GELU-tanh(gate) · up; the experts beside a dense FFN, their own router input (gemma4)
   const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
   float attn_scale = 0.f;       // q·k multiplier whatever the file says (gemma4: 1; 0: attention.scale or 1/sqrt(hd))
   bool layer_shapes = false;    // gemma4: per-layer head widths / KV heads / FFN widths, shared-KV layers,

@@ -105,9 +105,8 @@ void Model::load_weights() {
     L.bv = vec(p + "attn_v.bias", kvd, true);
     L.bo = vec(p + "attn_output.bias", E, true);
     L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
-    if (hp_.moe.moe_layer(il)) {
-      load_moe(il, L.moe);
-    } else {
+    if (hp_.moe.moe_layer(il)) load_moe(il, L.moe);
+    if (!hp_.moe.moe_layer(il) || spec_->moe_gelu) {  // gemma4: its experts run beside the dense FFN
       load_gate_up(p, L, hp_.layer_ff(il));
       L.w_down = weight(p + "ffn_down.weight", hp_.layer_ff(il), E);
     }
@@ -195,9 +194,23 @@ void Model::load_moe(int il, MoeWeights& w) {
   w.gate_b = vec(p + "ffn_gate_exps.bias", (int64_t)m.n_expert * m.n_ff, true);
   w.up_b = vec(p + "ffn_up_exps.bias", (int64_t)m.n_expert * m.n_ff, true);
   w.down_b = vec(p + "ffn_down_exps.bias", (int64_t)m.n_expert * E, true);
-  w.gate = experts(p + "ffn_gate_exps.weight", E, m.n_ff);
-  w.up = experts(p + "ffn_up_exps.weight", E, m.n_ff);
+  if (file_->find(p + "ffn_gate_up_exps.weight")) {  // gemma4's fused gate and up: the gate's rows first
+    for (const Weight& gu : experts(p + "ffn_gate_up_exps.weight", E, 2 * (int64_t)m.n_ff)) {
+      w.gate.push_back(rows(gu, 0, m.n_ff));
+      w.up.push_back(rows(gu, m.n_ff, m.n_ff));
+    }
+  } else {
+    w.gate = experts(p + "ffn_gate_exps.weight", E, m.n_ff);
+    w.up = experts(p + "ffn_up_exps.weight", E, m.n_ff);
+  }
   w.down = experts(p + "ffn_down_exps.weight", m.n_ff, E);
+  w.down_scale = vec(p + "ffn_down_exps.scale", m.n_expert, true);
+  if (spec_->moe_gelu) {
+    w.router_scale = vec(p + "ffn_gate_inp.scale", E);
+    w.in_norm = vec(p + "pre_ffw_norm_2.weight", E);
+    w.dense_out_norm = vec(p + "post_ffw_norm_1.weight", E);
+    w.out_norm = vec(p + "post_ffw_norm_2.weight", E);
+  }
   if (m.n_ff_shared > 0) {
     w.sh_gate = weight(p + "ffn_gate_shexp.weight", E, m.n_ff_shared);
     w.sh_up = weight(p + "ffn_up_shexp.weight", E, m.n_ff_shared);
@@ -354,10 +367,16 @@ void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
   const int T = (int)b.size();
   act_invalidate(act_);
+  if (hp_.moe.moe_layer(il) && spec_->moe_gelu) return moe_beside_dense(il, b, pool);
   if (hp_.moe.moe_layer(il)) {
     moe_.forward(pool, hp_.moe, L.moe, h_.data(), T, o_.data(), act_);
     return;
   }
+  dense_ffn(il, T, pool);
+}
+
+void Model::dense_ffn(int il, int T, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
   const int64_t F = hp_.layer_ff(il);
   matmul_group(pool, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
@@ -366,6 +385,32 @@ void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
   }, INLINE_ROWS);
   act_invalidate(act_);
   matmul(pool, L.w_down, gate_.data(), T, o_.data(), act_);
+}
+
+// gemma4's MoE layer: o = dense_out_norm(FFN(h)) + out_norm(experts(in_norm(x))), the router reading
+// rmsnorm(x) / sqrt(n_embd) × router_scale (x: the residual after attention, h: its ffn_norm).
+void Model::moe_beside_dense(int il, const Batch& b, ThreadPool& pool) {
+  const MoeWeights& w = layers_[il].moe;
+  const int T = (int)b.size(), E = hp_.n_embd;
+  dense_ffn(il, T, pool);
+  grow(moe_in_, (size_t)T * E);
+  grow(router_in_, (size_t)T * E);
+  grow(moe_out_, (size_t)T * E);
+  const float inv_sqrt = 1.f / std::sqrt((float)E);
+  pool.parallel_for(T, [&](int64_t t) {
+    rmsnorm(&x_[t * E], w.in_norm.data(), &moe_in_[t * E], E, hp_.eps);
+    rmsnorm(&x_[t * E], w.router_scale.data(), &router_in_[t * E], E, hp_.eps);
+    for (int i = 0; i < E; i++) router_in_[t * E + i] *= inv_sqrt;
+  }, INLINE_ROWS);
+  act_invalidate(act_);
+  moe_.forward(pool, hp_.moe, w, moe_in_.data(), T, moe_out_.data(), act_, router_in_.data());
+  pool.parallel_for(T, [&](int64_t t) {
+    float* o = &o_[t * E];
+    float* m = &moe_out_[t * E];
+    rmsnorm(o, w.dense_out_norm.data(), o, E, hp_.eps);
+    rmsnorm(m, w.out_norm.data(), m, E, hp_.eps);
+    for (int i = 0; i < E; i++) o[i] += m[i];
+  }, INLINE_ROWS);
 }
 
 void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,

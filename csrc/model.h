@@ -80,6 +80,8 @@ class Model {
   std::vector<Weight> experts(const std::string& name, int64_t n_in, int64_t n_out) const;
   void load_moe(int il, MoeWeights& w);
   void ffn(int il, const Batch& b, ThreadPool& pool);  // o_ = the FFN (dense or MoE) of h_
+  void dense_ffn(int il, int T, ThreadPool& pool);
+  void moe_beside_dense(int il, const Batch& b, ThreadPool& pool);
   void block_input(const float* x, const std::vector<float>& norm, float* h) const;
   void residual_add(float* o, const std::vector<float>& post_norm, float* x) const;
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
@@ -102,6 +104,7 @@ class Model {
 
   // Work buffers, [T × width], reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, final_;
+  std::vector<float> moe_in_, router_in_, moe_out_;  // gemma4's MoE layers: [T × n_embd] each
   std::vector<float> rope_cs_;  // [global, local][T][cs_stride()]: cos/sin of each token's position
   int cs_stride() const { return std::max(hp_.rope_dim, hp_.rope_dim_swa); }
   std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights

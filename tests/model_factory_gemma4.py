@@ -12,7 +12,10 @@ Options: ``per_layer`` (per-layer token embeddings of width 32 / 256: per_layer_
 per_layer_proj_norm, blk.N.inp_gate / proj / post_norm), ``shared_kv`` (attention.shared_kv_layers: the last
 ``shared_kv`` layers have no K/V of their own and FFNs twice as wide, as E2B's double-wide MLP: a per-layer
 feed_forward_length; 3 by default when on), ``no_v`` (no attn_v tensors: K serves as V), ``final_softcap``,
-``sliding_window``, ``n_layer``.
+``sliding_window``, ``n_layer``; ``experts`` (the 26B-A4B's MoE in every layer: 8 experts of width 64 / 256, 2
+used, GELU, routed by a softmax over ffn_gate_inp · (rmsnorm(x) / sqrt(n_embd) · ffn_gate_inp.scale), each expert's
+output scaled by ffn_down_exps.scale, beside the dense FFN with pre_ffw_norm_2 / post_ffw_norm_1 / post_ffw_norm_2;
+``fused_experts``: one ffn_gate_up_exps, the gate's rows first).
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 
-OPTIONS = ("per_layer", "shared_kv", "no_v", "final_softcap", "sliding_window", "n_layer", "eps", "rope_base")
+OPTIONS = ("per_layer", "shared_kv", "no_v", "final_softcap", "sliding_window", "n_layer", "eps", "rope_base", "experts",
+           "fused_experts")
 
 
 def gemma4_dims(kq: bool, opts: Mapping[str, Any]) -> dict:
@@ -36,7 +40,8 @@ def gemma4_dims(kq: bool, opts: Mapping[str, Any]) -> dict:
     x = 4 if kq else 1
     d = dict(n_embd=64 * x, n_head=4, hd_swa=16 * x, hd_full=32 * x, kv_swa=2, kv_full=1, n_ff=128 * x,
              n_layer=6, sliding_window=4, eps=1e-6, rope_base=1e6, final_softcap=30.0, per_layer=False,
-             P=256 if kq else 32, shared_kv=0, no_v=False)
+             P=256 if kq else 32, shared_kv=0, no_v=False, experts=False, fused_experts=False,
+             n_expert=8, n_used=2, n_ff_exp=256 if kq else 64)
     d.update(opts)
     if d["shared_kv"] is True:
         d["shared_kv"] = 3
@@ -76,6 +81,8 @@ def _tensors(d: dict, rng: np.random.Generator, n_vocab: int) -> list[tuple[str,
         out.append((p + "ffn_up.weight", mat(ff, E), "ffn_up"))
         out.append((p + "ffn_down.weight", mat(E, ff), "ffn_down"))
         out.append((p + "post_ffw_norm.weight", norm(E), None))
+        if d["experts"]:
+            out += _experts(d, rng, p, norm)
         out.append((p + "layer_output_scale.weight", rng.uniform(0.6, 1.0, 1).astype(np.float32), None))
         if d["per_layer"]:
             out.append((p + "inp_gate.weight", mat(d["P"], E), "ffn_gate"))
@@ -90,6 +97,27 @@ def _tensors(d: dict, rng: np.random.Generator, n_vocab: int) -> list[tuple[str,
     out.append(("output_norm.weight", float(np.sqrt(E)) * norm(E), None))
     half, turning = d["hd_full"] // 2, d["hd_full"] // 8  # proportional RoPE: a quarter of the pairs turn
     out.append(("rope_freqs.weight", np.array([1.0] * turning + [1e30] * (half - turning), np.float32), None))
+    return out
+
+
+def _experts(d: dict, rng: np.random.Generator, p: str, norm) -> list:
+    """One MoE layer's tensors; the router spread so that a token's best experts seldom nearly tie."""
+    E, n, F = d["n_embd"], d["n_expert"], d["n_ff_exp"]
+
+    def experts(n_out, n_in):
+        return (rng.standard_normal((n, n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    out = [(p + "ffn_gate_inp.weight", (4.0 * rng.standard_normal((n, E))).astype(np.float32), None),
+           (p + "ffn_gate_inp.scale", norm(E), None),
+           (p + "pre_ffw_norm_2.weight", norm(E), None), (p + "post_ffw_norm_1.weight", norm(E), None),
+           (p + "post_ffw_norm_2.weight", norm(E), None)]
+    if d["fused_experts"]:
+        out.append((p + "ffn_gate_up_exps.weight", experts(2 * F, E), "ffn_gate_exps"))
+    else:
+        out += [(p + "ffn_gate_exps.weight", experts(F, E), "ffn_gate_exps"),
+                (p + "ffn_up_exps.weight", experts(F, E), "ffn_up_exps")]
+    out.append((p + "ffn_down_exps.weight", experts(E, F), "ffn_down_exps"))
+    out.append((p + "ffn_down_exps.scale", rng.uniform(0.5, 1.5, n).astype(np.float32), None))
     return out
 
 
@@ -119,6 +147,10 @@ def _write_keys(w: GGUFWriter, d: dict, n_ctx: int) -> None:
     w.add_sliding_window_pattern(swa)
     w.add_shared_kv_layers(int(d["shared_kv"]))
     w.add_embedding_length_per_layer_input(d["P"] if d["per_layer"] else 0)
+    if d["experts"]:
+        w.add_expert_count(d["n_expert"])
+        w.add_expert_used_count(d["n_used"])
+        w.add_expert_feed_forward_length(d["n_ff_exp"])
     if d["final_softcap"]:
         w.add_float32(f"{a}.final_logit_softcapping", float(d["final_softcap"]))
 

@@ -161,7 +161,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
 
     if arch == "gemma4":  # per-layer shapes: numpy_ref_gemma4.py
         from numpy_ref_gemma4 import read_gemma4
-        return read_gemma4(key, HParams)
+        return read_gemma4(key, HParams, MoeHParams)
     n_embd = int(key("embedding_length", required=True))
     n_layer = int(key("block_count", required=True)) - int(key("nextn_predict_layers", 0))
     n_ff_raw = key("feed_forward_length", 0, required=not key("expert_count", 0))
@@ -758,7 +758,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
     rope_factors = _rope_factors(m, hp)
     if hp.arch == "gemma4":  # its own layer stack (numpy_ref_gemma4.py); the output head below is shared
         from numpy_ref_gemma4 import gemma4_layers
-        x = gemma4_layers(m, x, toks, mm, tr, act_fn, emu)
+        x = gemma4_layers(m, x, toks, mm, qact, tr, act_fn, emu)
     for il in range(hp.n_layer if hp.arch != "gemma4" else 0):
         p = f"blk.{il}."
         w = lambda n: m.weight(p + n)                      # noqa: E731

@@ -8,7 +8,10 @@ a layer below n_layer - shared_kv_layers makes k = rope(k_norm(Wk h)), v = rmsno
 projection where attn_v is absent), a later one reuses layer n_kv - 2 (local) or n_kv - 1 (global)'s;
 attention with scale 1 over the window (local) or everything; x += post_attention_norm(Wo a);
 x += post_ffw_norm(down(gelu(gate f) * up f)), f = ffn_norm(x); with per-layer embeddings
-x += post_norm(proj(gelu(inp_gate x) * pl[il])); x *= layer_output_scale.
+x += post_norm(proj(gelu(inp_gate x) * pl[il])); x *= layer_output_scale. A MoE file (26B-A4B) adds to the dense
+FFN's post_ffw_norm_1'd output the experts' post_ffw_norm_2'd one (GELU experts on pre_ffw_norm_2(x), routed by a
+softmax over ffn_gate_inp · (rmsnorm(x) / sqrt(n_embd) · ffn_gate_inp.scale), the chosen weights renormalised,
+each expert's output × ffn_down_exps.scale[e]), then post_ffw_norm over the sum.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ def _per_layer(v: Any, n_layer: int) -> list[int]:
     return [int(a) for a in v] if isinstance(v, (list, tuple)) else [int(v)] * n_layer
 
 
-def read_gemma4(key, hparams_cls) -> Any:
+def read_gemma4(key, hparams_cls, moe_cls) -> Any:
     """numpy_ref.HParams of a gemma4 file (``key(name, default, required)`` reads ``gemma4.<name>``)."""
     n_embd, n_layer = int(key("embedding_length", required=True)), int(key("block_count", required=True))
     n_head = int(_per_layer(key("attention.head_count", required=True), n_layer)[0])
@@ -35,6 +38,8 @@ def read_gemma4(key, hparams_cls) -> Any:
                      n_rot=int(key("rope.dimension_count", hd)), rope_base=float(key("rope.freq_base", 10000.0)),
                      rope_freq_scale=1.0, attn_scale=1.0)
     hp.embd_mult, hp.gelu, hp.post_norms = math.sqrt(n_embd), True, True
+    if int(key("expert_count", 0) or 0):  # llama.cpp's gemma4 graph: softmax, renormalised, unscaled
+        hp.moe = moe_cls(n_expert=int(key("expert_count")), n_used=int(key("expert_used_count", required=True)))
     hp.final_logit_softcap = float(key("final_logit_softcapping", 0.0) or 0.0)
     swa = [bool(s) for s in key("attention.sliding_window_pattern", required=True)]
     hp.extra = dict(swa=swa, n_swa=int(key("attention.sliding_window", required=True)), n_head_kv=n_kv,
@@ -82,7 +87,31 @@ def _attention_layer(m, il: int, h: np.ndarray, kv: dict, mm, emu: set) -> np.nd
     return nr.attention(q, k, v, nr.attention_mask(T, g["n_swa"] if local else None), 1.0)
 
 
-def gemma4_layers(m, x: np.ndarray, toks: np.ndarray, mm, tr, act_fn, emu: set) -> np.ndarray:
+def _experts(m, il: int, x: np.ndarray, qact, tr, act_fn) -> np.ndarray:
+    """Layer il's MoE output (before post_ffw_norm_2) from the residual x [T, n_embd]."""
+    import numpy_ref as nr
+    hp, p = m.hp, f"blk.{il}."
+    r = nr.rms_norm(x, None, hp.eps) / math.sqrt(hp.n_embd) * m.weight(p + "ffn_gate_inp.scale")
+    logits = nr.linear(qact(r, p + "ffn_gate_inp.weight"), m.weight(p + "ffn_gate_inp.weight"))
+    chosen, weights = nr.route(hp.moe, logits, None)
+    tr(f"l{il}.route_margin", nr.route_margin(hp.moe, logits, None))
+    h = nr.rms_norm(x, m.weight(p + "pre_ffw_norm_2.weight"), hp.eps)
+    scale = m.weight(p + "ffn_down_exps.scale", optional=True)
+    out = np.zeros_like(x)
+    for e in np.unique(chosen):
+        rows, slot = np.nonzero(chosen == e)
+        if m.has(p + "ffn_gate_up_exps.weight"):
+            gu = qact(h[rows], p + "ffn_gate_up_exps.weight") @ m.weight(p + "ffn_gate_up_exps.weight")[e].T
+            g, u = np.split(gu, 2, axis=-1)
+        else:
+            g = qact(h[rows], p + "ffn_gate_exps.weight") @ m.weight(p + "ffn_gate_exps.weight")[e].T
+            u = qact(h[rows], p + "ffn_up_exps.weight") @ m.weight(p + "ffn_up_exps.weight")[e].T
+        y = qact(act_fn(g) * u, p + "ffn_down_exps.weight") @ m.weight(p + "ffn_down_exps.weight")[e].T
+        out[rows] += (weights[rows, slot] * (1.0 if scale is None else scale[e]))[:, None] * y
+    return out
+
+
+def gemma4_layers(m, x: np.ndarray, toks: np.ndarray, mm, qact, tr, act_fn, emu: set) -> np.ndarray:
     """The residual stream after every layer, from the scaled embeddings x [T, n_embd]."""
     import numpy_ref as nr
     hp = m.hp
@@ -96,6 +125,9 @@ def gemma4_layers(m, x: np.ndarray, toks: np.ndarray, mm, tr, act_fn, emu: set) 
         x = x + nr.rms_norm(mm(a, p + "attn_output"), w("post_attention_norm.weight"), hp.eps)
         f = nr.rms_norm(x, w("ffn_norm.weight"), hp.eps)
         f = mm(act_fn(mm(f, p + "ffn_gate")) * mm(f, p + "ffn_up"), p + "ffn_down")
+        if m.has(p + "ffn_gate_inp.weight"):
+            f = (nr.rms_norm(f, w("post_ffw_norm_1.weight"), hp.eps) +
+                 nr.rms_norm(_experts(m, il, x, qact, tr, act_fn), w("post_ffw_norm_2.weight"), hp.eps))
         x = x + nr.rms_norm(f, w("post_ffw_norm.weight"), hp.eps)
         if pl is not None:
             y = mm(act_fn(mm(x, p + "inp_gate")) * pl[:, il], p + "proj")
