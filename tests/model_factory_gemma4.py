@@ -15,7 +15,9 @@ feed_forward_length; 3 by default when on), ``no_v`` (no attn_v tensors: K serve
 ``sliding_window``, ``n_layer``; ``experts`` (the 26B-A4B's MoE in every layer: 8 experts of width 64 / 256, 2
 used, GELU, routed by a softmax over ffn_gate_inp · (rmsnorm(x) / sqrt(n_embd) · ffn_gate_inp.scale), each expert's
 output scaled by ffn_down_exps.scale, beside the dense FFN with pre_ffw_norm_2 / post_ffw_norm_1 / post_ffw_norm_2;
-``fused_experts``: one ffn_gate_up_exps, the gate's rows first).
+``fused_experts``: one ffn_gate_up_exps, the gate's rows first); ``kv_full`` / ``kv_swa``: the KV heads of each
+kind. Inconsistent files, for the loader's errors: ``drop_key`` (a metadata key left out, e.g.
+"gemma4.attention.key_length_swa"), ``bad_tensor`` (that tensor written one row short).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 
 OPTIONS = ("per_layer", "shared_kv", "no_v", "final_softcap", "sliding_window", "n_layer", "eps", "rope_base", "experts",
-           "fused_experts")
+           "fused_experts", "kv_full", "kv_swa", "drop_key", "bad_tensor")
 
 
 def gemma4_dims(kq: bool, opts: Mapping[str, Any]) -> dict:
@@ -41,7 +43,7 @@ def gemma4_dims(kq: bool, opts: Mapping[str, Any]) -> dict:
     d = dict(n_embd=64 * x, n_head=4, hd_swa=16 * x, hd_full=32 * x, kv_swa=2, kv_full=1, n_ff=128 * x,
              n_layer=6, sliding_window=4, eps=1e-6, rope_base=1e6, final_softcap=30.0, per_layer=False,
              P=256 if kq else 32, shared_kv=0, no_v=False, experts=False, fused_experts=False,
-             n_expert=8, n_used=2, n_ff_exp=256 if kq else 64)
+             n_expert=8, n_used=2, n_ff_exp=256 if kq else 64, drop_key=None, bad_tensor=None)
     d.update(opts)
     if d["shared_kv"] is True:
         d["shared_kv"] = 3
@@ -164,7 +166,7 @@ def write_gemma4(path: str | os.PathLike, *, qtype: Any, seed: int, tied: bool, 
     tokens, types, merges, bos, eos = mf.tokenizer_vocab()
     n_vocab = len(vocab["tokenizer.ggml.tokens"]) if vocab else len(tokens)
     rng = np.random.default_rng(seed)
-    tensors = _tensors(d, rng, n_vocab)
+    tensors = [(n, t[:-1] if n == d["bad_tensor"] else t, r) for n, t, r in _tensors(d, rng, n_vocab)]
     if not tied:
         tensors.append(("output.weight", (rng.standard_normal((n_vocab, d["n_embd"])) * 3.0 / d["n_embd"]).astype(np.float32),
                         "output"))
@@ -173,6 +175,8 @@ def write_gemma4(path: str | os.PathLike, *, qtype: Any, seed: int, tied: bool, 
     w = GGUFWriter(str(path), "gemma4")
     w.add_name(name or f"pyserve test gemma4 {qtype if isinstance(qtype, str) else 'custom'}")
     _write_keys(w, d, 512)
+    if d["drop_key"]:
+        del w.kv_data[0][d["drop_key"]]
     if isinstance(qtype, str) and qtype in mf.FILE_TYPES:
         w.add_file_type(mf.FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

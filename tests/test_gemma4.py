@@ -1,0 +1,147 @@
+"""Gemma 4 (issue 25) beyond the per-arch logits of test_arch_logits.py: controls that must fail (the reference
+with one of gemma4's features switched off is far from the engine, which matches the true reference), decoding
+through the paged KV cache (alone and batched) equal to prefill on every variant, the KV cache's per-layer
+widths in its memory accounting, and inconsistent files refused with the key or tensor named.
+
+Files: tests/model_factory_gemma4.py (random weights, F32 unless said); reference: tests/numpy_ref_gemma4.py.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import model_factory as tm  # noqa: E402
+import numpy_ref as nr  # noqa: E402
+
+from pyserve import _engine  # noqa: E402
+
+TOKS = [256] + list(range(40, 80))  # BOS (the factory's vocabulary: 256 bytes, merges, then <s>) and 40 more
+MATCH, MISS = 0.05, 0.5  # max |d logit|: the true reference within MATCH (F32), a switched-off feature past MISS
+
+
+def _no_rope_freqs(m):  # proportional RoPE off: every global pair turns
+    m._cache["rope_freqs.weight"] = np.ones_like(m.weight("rope_freqs.weight"))
+
+
+def _one_rope_base(m):  # the local layers on the global base
+    m.hp.extra["base_swa"] = m.hp.rope_base
+
+
+def _no_output_scale(m):
+    for il in range(m.hp.n_layer):
+        m._cache[f"blk.{il}.layer_output_scale.weight"] = np.ones(1, np.float32)
+
+
+def _no_per_layer(m):
+    m.hp.extra["P"] = 0
+
+
+def _no_softcap(m):
+    m.hp.final_logit_softcap = 0.0
+
+
+def _full_attention(m):  # no sliding window
+    m.hp.extra["n_swa"] = 1 << 20
+
+
+def _no_down_scale(m):  # every expert's output unscaled
+    for il in range(m.hp.n_layer):
+        m._cache[f"blk.{il}.ffn_down_exps.scale"] = np.ones(m.hp.moe.n_expert, np.float32)
+
+
+CONTROLS = [
+    pytest.param({}, _no_rope_freqs, id="proportional-rope"),
+    pytest.param({}, _one_rope_base, id="local-rope-base"),
+    pytest.param({}, _no_output_scale, id="layer-output-scale"),
+    pytest.param({}, _full_attention, id="sliding-window"),
+    pytest.param({"per_layer": True}, _no_per_layer, id="per-layer-embeddings"),
+    pytest.param({"final_softcap": 2.0}, _no_softcap, id="final-softcap"),
+    pytest.param({"experts": True}, _no_down_scale, id="expert-output-scale"),
+]
+
+
+@pytest.mark.parametrize("kw,switch_off", CONTROLS)
+def test_a_feature_switched_off_in_the_reference_is_caught(tmp_path, kw, switch_off):
+    path = tm.write_test_model(tmp_path / "g4.gguf", "gemma4", **kw)
+    got = _engine.Engine(str(path), n_threads=1).prompt_logits(TOKS)
+    exact = nr.RefModel(GGUFReader(str(path), "r"))
+    moe = nr.PYSERVE_NUMERICS if kw.get("experts") else False  # the engine's own rounding: the same experts
+    assert np.abs(got - exact.logits(TOKS, emulate_ggml=moe)).max() < MATCH
+    control = nr.RefModel(GGUFReader(str(path), "r"))
+    switch_off(control)
+    assert np.abs(got - control.logits(TOKS, emulate_ggml=moe)).max() > MISS
+
+
+VARIANTS = [
+    pytest.param({}, id="dense"),
+    pytest.param({"per_layer": True, "shared_kv": True, "no_v": True}, id="per_layer-shared_kv-no_v"),
+    pytest.param({"experts": True, "shared_kv": 3, "n_layer": 9, "sliding_window": 3}, id="moe-9layers-shared_kv3-window3"),
+]
+
+
+@pytest.mark.parametrize("kw", VARIANTS)
+def test_decoding_through_the_paged_cache_gives_the_prefills_tokens(tmp_path, kw):
+    """Greedy decoding (K/V read back from blocks of 4, shared-KV layers reading an earlier layer's blocks) picks
+    the argmax of one prefill of the whole text at each position, alone as batched with another sequence."""
+    path = tm.write_test_model(tmp_path / "g4.gguf", "gemma4", qtype="Q8_0", **kw)
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    prompts = [TOKS[:7], TOKS[3:15]]
+
+    def run(ids: list) -> dict:
+        for i, p in enumerate(ids):
+            eng.add(f"r{i}", prompts[p], {"temperature": 0.0}, 12, True)
+        out: dict = {}
+        while eng.has_work():
+            for o in eng.step():
+                out.setdefault(ids[int(o.request_id[1:])], []).append(o.token)
+        return out
+
+    batched, alone = run([0, 1]), {p: run([p])[p] for p in (0, 1)}
+    assert batched == alone
+    for p, gen in batched.items():
+        text = prompts[p] + gen
+        assert eng.prompt_logits(text[:-1])[len(prompts[p]) - 1:].argmax(axis=1).tolist() == gen
+
+
+def test_the_kv_cache_holds_each_layers_own_width_and_nothing_for_shared_layers(tmp_path):
+    """Local layers 2 heads x 16, global ones 4 x 32; with 3 shared-KV layers only layers 0-2 hold K/V."""
+    own = tm.write_test_model(tmp_path / "own.gguf", "gemma4", kv_full=4)
+    shared = tm.write_test_model(tmp_path / "shared.gguf", "gemma4", kv_full=4, shared_kv=3)
+    per_token = {"own": 4 * 2 * 16 + 2 * 4 * 32, "shared": 2 * 2 * 16 + 1 * 4 * 32}  # K floats per token, all layers
+    for name, path in (("own", own), ("shared", shared)):
+        g = _engine.kv_geometry(str(path), block_size=16)
+        assert g["bytes_per_block"] == 2 * 16 * per_token[name] * 2  # K and V, fp16
+    eng = _engine.Engine(str(shared), n_threads=1)
+    assert np.abs(eng.prompt_logits(TOKS) - nr.ref_logits(shared, TOKS)).max() < MATCH
+
+
+BAD = [
+    pytest.param({"drop_key": "gemma4.attention.key_length_swa"}, r"missing metadata key 'gemma4.attention.key_length_swa'",
+                 id="no-key_length_swa"),
+    pytest.param({"drop_key": "gemma4.attention.sliding_window_pattern"},
+                 r"missing metadata key 'gemma4.attention.sliding_window_pattern'", id="no-pattern"),
+    pytest.param({"drop_key": "gemma4.embedding_length_per_layer_input"},
+                 r"missing metadata key 'gemma4.embedding_length_per_layer_input'", id="no-per-layer-width"),
+    pytest.param({"bad_tensor": "blk.1.attn_q.weight"}, r"tensor 'blk.1.attn_q.weight' has shape \[64, 63\], expected \[64, 64\]",
+                 id="q-shape"),
+    pytest.param({"bad_tensor": "blk.2.attn_k_norm.weight"}, r"tensor 'blk.2.attn_k_norm.weight' has 31 elements, expected 32",
+                 id="global-k-norm"),
+    pytest.param({"per_layer": True, "bad_tensor": "per_layer_proj_norm.weight"},
+                 r"tensor 'per_layer_proj_norm.weight' has 31 elements, expected 32", id="per-layer-norm"),
+    pytest.param({"experts": True, "bad_tensor": "blk.0.ffn_gate_inp.scale"},
+                 r"tensor 'blk.0.ffn_gate_inp.scale' has 63 elements, expected 64", id="router-scale"),
+    pytest.param({"shared_kv": 4}, r"shared_kv_layers 4: no earlier layer of the same kind", id="shared-kv-no-source"),
+]
+
+
+@pytest.mark.parametrize("kw,message", BAD)
+def test_an_inconsistent_file_names_the_key_or_tensor(tmp_path, kw, message):
+    path = tm.write_test_model(tmp_path / "bad.gguf", "gemma4", **kw)
+    with pytest.raises((_engine.ModelError, _engine.GGUFError), match=message):
+        _engine.Engine(str(path), n_threads=1)
