@@ -47,12 +47,14 @@ StepOutput output_of(const Sequence& s, int index, double t) {
 // The model's multiply-adds per row, per sampled row and per position of attended context.
 StepMacs step_macs(const HParams& hp) {
   StepMacs m;
-  for (int il = 0; il < hp.n_layer; il++)  // the FFN a token runs: its experts' (and the router) in a MoE layer
-    m.per_row += (double)hp.n_embd * ((hp.n_head + 2.0 * hp.n_head_kv) * hp.head_dim + 3.0 * hp.active_ff(il) +
-                                      (hp.moe.moe_layer(il) ? hp.moe.n_expert : 0)) +
-                 (double)hp.n_head * hp.head_dim_v * hp.n_embd;
+  const std::vector<int> kv = hp.kv_widths();  // per layer (gemma4: its own head width, 0 for shared-KV layers)
+  for (int il = 0; il < hp.n_layer; il++) {  // the FFN a token runs: its experts' (and the router) in a MoE layer
+    const double qd = (double)hp.n_head * hp.layer_head_dim(il);
+    m.per_row += (double)hp.n_embd * (qd + 2.0 * kv[il] + 3.0 * hp.active_ff(il) +
+                                      (hp.moe.moe_layer(il) ? hp.moe.n_expert : 0)) + qd * hp.n_embd;
+    m.per_context += 2.0 * qd;  // q·k, then weights·v
+  }
   m.per_logit = (double)hp.n_embd * hp.n_vocab;
-  m.per_context = (double)hp.n_layer * hp.n_head * (hp.head_dim + hp.head_dim_v);  // q·k, then weights·v
   return m;
 }
 

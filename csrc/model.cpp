@@ -53,10 +53,10 @@ void Model::pack_weights() {
   for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
     for (Weight* w : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) ws.push_back(w);
-    for (Weight* w : ple_.matrices()) ws.push_back(w);
     for (std::vector<Weight>* es : {&L.moe.gate, &L.moe.up, &L.moe.down})
       for (Weight& w : *es) ws.push_back(&w);
   }
+  for (Weight* w : ple_.matrices()) ws.push_back(w);
   for (Weight* w : ws) {
     if (!w->data || !packable(w->type)) continue;
     try {
