@@ -145,3 +145,34 @@ def test_an_inconsistent_file_names_the_key_or_tensor(tmp_path, kw, message):
     path = tm.write_test_model(tmp_path / "bad.gguf", "gemma4", **kw)
     with pytest.raises((_engine.ModelError, _engine.GGUFError), match=message):
         _engine.Engine(str(path), n_threads=1)
+
+
+def test_the_real_26b_a4b_header_reads_as_llama_cpp_reads_it(tmp_path):
+    """tests/data/vocab/ggml-vocab-gemma-4.gguf carries a real Gemma 4 26B-A4B file's gemma4.* keys (per-layer
+    head_count_kv and sliding_window_pattern arrays, key_length 512 / key_length_swa 256, 128 experts): written
+    again beside a stand-in token_embd of 8 rows (and tiny tensors standing in for the rest), its hyper-parameters and KV geometry come out as llama.cpp's."""
+    import gguf
+    from gguf_vocab import vocab_meta
+
+    meta = {k: v for k, v in vocab_meta("gemma-4").items() if k.startswith("gemma4.")}
+    w = gguf.GGUFWriter(str(tmp_path / "header.gguf"), "gemma4")
+    for key, v in meta.items():
+        if isinstance(v, list):
+            w.add_array(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        else:
+            w.add_uint32(key, int(v))
+    w.add_tensor("token_embd.weight", np.zeros((8, meta["gemma4.embedding_length"]), np.float32))
+    for i in range(5 * meta["gemma4.block_count"]):  # the loader bounds block_count by the tensor count
+        w.add_tensor(f"pad.{i}", np.zeros(1, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = _engine.kv_geometry(str(tmp_path / "header.gguf"), block_size=16, n_ctx=4096)
+    h = g["hparams"]
+    assert (h["arch"], h["n_layer"], h["n_head"], h["head_dim"], h["n_swa"]) == ("gemma4", 30, 16, 512, 1024)
+    assert (h["n_expert"], h["n_expert_used"], h["n_ff"]) == (128, 8, 2112)
+    # K floats per token: 25 local layers of 8 heads x 256, 5 global ones of 2 heads x 512 (llama.cpp's iSWA widths)
+    assert g["bytes_per_block"] == 2 * 16 * (25 * 8 * 256 + 5 * 2 * 512) * 2
