@@ -176,3 +176,35 @@ def test_the_real_26b_a4b_header_reads_as_llama_cpp_reads_it(tmp_path):
     assert (h["n_expert"], h["n_expert_used"], h["n_ff"]) == (128, 8, 2112)
     # K floats per token: 25 local layers of 8 heads x 256, 5 global ones of 2 heads x 512 (llama.cpp's iSWA widths)
     assert g["bytes_per_block"] == 2 * 16 * (25 * 8 * 256 + 5 * 2 * 512) * 2
+
+
+def test_a_gemma4_model_with_the_real_vocabulary_and_template_serves_chats(tmp_path):
+    """A random gemma4 file carrying the real Gemma 4 tokenizer (262144 tokens, its merges, special tokens) and
+    chat template behind `pyserve serve`: /v1/models names the architecture, a raw completion is the engine's
+    greedy continuation of /tokenize's ids (the real tokenizer both ways), a chat streams what it returns whole."""
+    import httpx
+    import openai
+    from gguf_vocab import vocab_meta
+    from pyserve.bench.launch import ServerProcess
+
+    meta = vocab_meta("gemma-4")
+    vocab = {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
+    path = tm.write_test_model(tmp_path / "g4v.gguf", "gemma4", qtype="Q8_0", vocab=vocab,
+                               chat_template=meta["tokenizer.chat_template"])
+    with ServerProcess("--model", str(path)).wait_ready() as srv:
+        assert httpx.get(srv.url + "/v1/models", timeout=60).json()["data"][0]["architecture"] == "gemma4"
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        prompt = "The capital of France is"
+        ids = httpx.post(srv.url + "/tokenize", json={"model": srv.model, "prompt": prompt}, timeout=60).json()["tokens"]
+        out = client.completions.create(model=srv.model, prompt=prompt, max_tokens=6, temperature=0, logprobs=1)
+        eng = _engine.Engine(str(path), n_threads=1)
+        want = list(ids)
+        for _ in range(len(out.choices[0].logprobs.tokens)):
+            want.append(int(eng.prompt_logits(want)[-1].argmax()))
+        got = httpx.post(srv.url + "/detokenize", json={"model": srv.model, "tokens": want[len(ids):]}, timeout=60)
+        assert out.choices[0].text == got.json()["prompt"]
+        msgs = [{"role": "user", "content": "Hello there"}]
+        whole = client.chat.completions.create(model=srv.model, messages=msgs, max_tokens=8, temperature=0)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=srv.model, messages=msgs, max_tokens=8, temperature=0, stream=True) if c.choices)
+        assert streamed == (whole.choices[0].message.content or "") and whole.usage.prompt_tokens > 4
