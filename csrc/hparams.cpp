@@ -110,9 +110,6 @@ const std::vector<ArchSpec>& archs() {
 
 constexpr int64_t MAX_DIM = 1 << 20, MAX_HEADS = 1 << 12;
 
-// Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
-// around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
-// cache before any tensor is looked at, so it is bounded by the tensor count: >= 5 tensors a layer, phi3 6).
 // A per-layer array (llama.cpp's get_key_or_arr: feed_forward_length, head counts) reads as its largest entry.
 int64_t int_or_max(const GGUFFile& f, const std::string& key, const int64_t* def) {
   auto it = f.metadata().find(key);
@@ -121,6 +118,9 @@ int64_t int_or_max(const GGUFFile& f, const std::string& key, const int64_t* def
   return *std::max_element(it->second.ai.begin(), it->second.ai.end());
 }
 
+// Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
+// around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
+// cache before any tensor is looked at, so it is bounded by the tensor count: >= 5 tensors a layer, phi3 6).
 int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, const int64_t* def) {
   int64_t v = int_or_max(f, key, def);
   if (v < lo || v > hi)
