@@ -47,12 +47,14 @@ StepOutput output_of(const Sequence& s, int index, double t) {
 // The model's multiply-adds per row, per sampled row and per position of attended context.
 StepMacs step_macs(const HParams& hp) {
   StepMacs m;
-  for (int il = 0; il < hp.n_layer; il++)  // the FFN a token runs: its experts' (and the router) in a MoE layer
-    m.per_row += (double)hp.n_embd * ((hp.n_head + 2.0 * hp.n_head_kv) * hp.head_dim + 3.0 * hp.active_ff(il) +
-                                      (hp.moe.moe_layer(il) ? hp.moe.n_expert : 0)) +
-                 (double)hp.n_head * hp.head_dim_v * hp.n_embd;
+  const std::vector<int> kv = hp.kv_widths();  // per layer (gemma4: its own head width, 0 for shared-KV layers)
+  for (int il = 0; il < hp.n_layer; il++) {  // the FFN a token runs: its experts' (and the router) in a MoE layer
+    const double qd = (double)hp.n_head * hp.layer_head_dim(il);
+    m.per_row += (double)hp.n_embd * (qd + 2.0 * kv[il] + 3.0 * hp.active_ff(il) +
+                                      (hp.moe.moe_layer(il) ? hp.moe.n_expert : 0)) + qd * hp.n_embd;
+    m.per_context += 2.0 * qd;  // q·k, then weights·v
+  }
   m.per_logit = (double)hp.n_embd * hp.n_vocab;
-  m.per_context = (double)hp.n_layer * hp.n_head * (hp.head_dim + hp.head_dim_v);  // q·k, then weights·v
   return m;
 }
 
@@ -82,7 +84,7 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   KVGeometry g;
   g.n_ctx = c.n_ctx > 0 ? c.n_ctx : std::min(hp.n_ctx_train, 8192);
   g.block_size = c.block_size;
-  g.bytes_per_block = KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), c.block_size);
+  g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(), c.block_size);
   if (c.num_kv_blocks > 0) {
     g.num_kv_blocks = c.num_kv_blocks;
   } else if (c.kv_cache_memory > 0) {
@@ -106,7 +108,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
-  kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);
+  kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);

@@ -54,6 +54,16 @@ ArchSpec gemma3() {  // gemma2 with q/k norms, a 5:1 pattern, local RoPE base 10
   return s;
 }
 
+// gemma3 with per-layer shapes (hparams.h: layer_shapes), the local/global pattern from a per-layer array,
+// attention scale 1, the final soft-cap read in its sliding-window graph too (llama.cpp: src/models/gemma4.cpp)
+ArchSpec gemma4() {
+  ArchSpec s = based(gemma3(), "gemma4");
+  s.layer_shapes = s.moe_gelu = true;
+  s.attn_scale = 1.f;
+  s.swa_pattern = 0;
+  return s;
+}
+
 ArchSpec olmo2() {  // no pre-norms: post-norms only; q and k normed over the whole projection
   ArchSpec s = based(qwen2(), "olmo2");
   s.pre_norms = false;
@@ -91,7 +101,7 @@ ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN
 
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
-      gemma2(), gemma3(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
+      gemma2(), gemma3(), gemma4(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
       based(qwen3(), "qwen3moe"), smollm3()};
   return all;
 }
@@ -100,11 +110,19 @@ const std::vector<ArchSpec>& archs() {
 
 constexpr int64_t MAX_DIM = 1 << 20, MAX_HEADS = 1 << 12;
 
+// A per-layer array (llama.cpp's get_key_or_arr: feed_forward_length, head counts) reads as its largest entry.
+int64_t int_or_max(const GGUFFile& f, const std::string& key, const int64_t* def) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end() || it->second.type != GGUFType::ARRAY) return def ? f.get_int(key, *def) : f.get_int(key);
+  if (it->second.ai.empty()) f.fail("metadata key '" + key + "' is an empty or non-integer array");
+  return *std::max_element(it->second.ai.begin(), it->second.ai.end());
+}
+
 // Integers are read as int64 and range-checked before they become ints: a damaged file must not wrap
 // around into a plausible value, nor size an allocation (block_count sizes the layer table and the KV
 // cache before any tensor is looked at, so it is bounded by the tensor count: >= 5 tensors a layer, phi3 6).
 int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, const int64_t* def) {
-  int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
+  int64_t v = int_or_max(f, key, def);
   if (v < lo || v > hi)
     f.fail("metadata key '" + key + "' is " + std::to_string(v) + ", outside [" + std::to_string(lo) + ", " +
            std::to_string(hi) + "]");
@@ -125,6 +143,7 @@ MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec
   m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
   m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &gating);
   m.oai_glu = spec.moe_oai_glu;
+  m.gelu = spec.moe_gelu;
   m.norm_weights = ranged(f, a + "expert_weights_norm", 0, 1, &norm) != 0;
   const double scale = f.get_float(a + "expert_weights_scale", 1.0);
   m.weights_scale = scale == 0.0 ? 1.0f : (float)scale;  // llama.cpp: 0 means unscaled
@@ -165,12 +184,13 @@ void read_attention(const GGUFFile& f, const std::string& a, const ArchSpec& spe
   hp.eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
   const double scale = f.get_float(a + "attention.scale", 0.0);
   hp.attn_scale = scale != 0.0 ? (float)scale : 1.0f / std::sqrt((float)hp.head_dim);
+  if (spec.attn_scale > 0.f) hp.attn_scale = spec.attn_scale;
   hp.attn_softcap = (float)f.get_float(a + "attn_logit_softcapping", spec.attn_softcap);
   hp.attn_temp_scale = (float)f.get_float(a + "attention.temperature_scale", 0.0);
   if (spec.sliding_window) {
     const int64_t swa_def = spec.swa_window, pattern_def = spec.swa_pattern;
     hp.n_swa = ranged(f, a + "attention.sliding_window", 0, 1 << 24, &swa_def);
-    hp.swa_pattern = ranged(f, a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
+    if (!spec.layer_shapes) hp.swa_pattern = ranged(f, a + "attention.sliding_window_pattern", 0, 1 << 16, &pattern_def);
   }
 }
 
@@ -223,11 +243,74 @@ void read_multipliers(const GGUFFile& f, const std::string& a, const ArchSpec& s
   if (logit_scale == 0.0) f.fail("metadata key '" + a + "logit_scale' is 0");
   hp.logit_mult = (float)(1.0 / logit_scale);
   // gemma3's sliding-window graph ignores the key (llama.cpp soft-caps only its non-iSWA graph)
-  if (spec.final_softcap > 0.f || hp.n_swa == 0)
+  if (spec.final_softcap > 0.f || hp.n_swa == 0 || spec.layer_shapes)
     hp.final_softcap = (float)f.get_float(a + "final_logit_softcapping", spec.final_softcap);
 }
 
+// The [n_layer] integer array `key` (each in [lo, hi]), or empty where the key is a scalar or absent.
+std::vector<int> layer_array(const GGUFFile& f, const std::string& key, int n_layer, int64_t lo, int64_t hi) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end() || it->second.type != GGUFType::ARRAY) return {};
+  const std::vector<int64_t>& v = it->second.ai;
+  if ((int)v.size() != n_layer)
+    f.fail("metadata key '" + key + "' has " + std::to_string(it->second.size()) + " entries, expected " +
+           std::to_string(n_layer) + " (block_count)");
+  std::vector<int> out;
+  for (int64_t x : v) {
+    if (x < lo || x > hi) f.fail("metadata key '" + key + "' has an entry " + std::to_string(x) + " outside [" +
+                                 std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    out.push_back((int)x);
+  }
+  return out;
+}
+
+// Architectures without per-layer shapes run per-layer arrays only where every layer has the same value.
+void check_uniform(const GGUFFile& f, const std::string& a, int n_layer,
+                   std::initializer_list<const char*> keys = {"feed_forward_length", "attention.head_count",
+                                                              "attention.head_count_kv"}) {
+  for (const char* k : keys) {
+    const std::vector<int> v = layer_array(f, a + k, n_layer, 0, MAX_DIM);
+    if (!v.empty() && std::count(v.begin(), v.end(), v[0]) != (int)v.size())
+      f.fail("metadata key '" + a + k + "' differs between layers (unsupported for this architecture)");
+  }
+}
+
+// gemma4 (llama.cpp: llama_model_gemma4::load_arch_hparams): the local/global pattern as a per-layer array,
+// the local layers' head width and rotated dims, shared-KV layers, per-layer embeddings, per-layer KV heads
+// and FFN widths.
+void read_layer_shapes(const GGUFFile& f, const std::string& a, HParams& hp) {
+  check_uniform(f, a, hp.n_layer, {"attention.head_count"});
+  const std::string pat = a + "attention.sliding_window_pattern";
+  if (!f.has(pat)) f.fail("missing metadata key '" + pat + "'");
+  for (int v : layer_array(f, pat, hp.n_layer, 0, 1)) hp.swa_layers.push_back((uint8_t)v);
+  if (hp.swa_layers.empty()) f.fail("metadata key '" + pat + "' is not a per-layer array");
+  if (!f.has(a + "attention.sliding_window")) f.fail("missing metadata key '" + a + "attention.sliding_window'");
+  hp.head_dim_swa = ranged(f, a + "attention.key_length_swa", 2, 4096, nullptr);
+  if (ranged(f, a + "attention.value_length_swa", 1, 4096, nullptr) != hp.head_dim_swa || hp.head_dim_swa % 2)
+    f.fail("unsupported head dimensions (key_length_swa, value_length_swa)");
+  const int64_t rope_def = hp.head_dim_swa, zero = 0;
+  hp.rope_dim_swa = ranged(f, a + "rope.dimension_count_swa", 2, hp.head_dim_swa, &rope_def);
+  if (hp.rope_dim_swa % 2) f.fail("bad rope.dimension_count_swa");
+  hp.n_embd_per_layer = ranged(f, a + "embedding_length_per_layer_input", 0, MAX_DIM, nullptr);
+  const int shared = ranged(f, a + "attention.shared_kv_layers", 0, hp.n_layer - 1, &zero);
+  hp.n_layer_kv = shared > 0 ? hp.n_layer - shared : 0;
+  hp.n_head_kv_layer = layer_array(f, a + "attention.head_count_kv", hp.n_layer, 1, MAX_HEADS);
+  hp.n_ff_layer = layer_array(f, a + "feed_forward_length", hp.n_layer, 1, MAX_DIM);
+  for (int il = 0; il < hp.n_layer; il++) {
+    if (hp.n_head % hp.layer_n_head_kv(il)) f.fail("attention.head_count_kv does not divide attention.head_count");
+    if (hp.kv_layer(il) < 0 || hp.is_local(hp.kv_layer(il)) != hp.is_local(il))
+      f.fail("attention.shared_kv_layers " + std::to_string(shared) +
+             ": no earlier layer of the same kind to share K/V with (the last two owning layers must be local, global)");
+  }
+}
+
 }  // namespace
+
+std::vector<int> HParams::kv_widths() const {
+  std::vector<int> w(n_layer);
+  for (int il = 0; il < n_layer; il++) w[il] = kv_layer(il) == il ? layer_kv_dim(il) : 0;
+  return w;
+}
 
 std::vector<std::string> supported_architectures() {
   std::vector<std::string> names;
@@ -257,6 +340,8 @@ HParams read_hparams(const GGUFFile& f) {
   read_attention(f, a, spec, hp);
   read_rope(f, a, spec, hp);
   read_multipliers(f, a, spec, hp);
+  if (spec.layer_shapes) read_layer_shapes(f, a, hp);
+  else check_uniform(f, a, hp.n_layer);
   const int64_t unset = -1;
   hp.pooling_type = ranged(f, a + "pooling_type", -1, 1 << 16, &unset);  // read, not used: any value loads
   const GGUFTensor* cls = f.find("cls.output.weight");

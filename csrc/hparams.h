@@ -1,13 +1,15 @@
 // hparams: what an architecture does differently in the one layer graph (ArchSpec), and a file's
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
-// Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
+// Supported architectures: gemma2, gemma3, gemma4 (dense and MoE, per-layer embeddings, shared KV), glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
 // TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
 // it (linear, YaRN, LongRoPE factors), for any of them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,7 +45,12 @@ struct ArchSpec {
   bool moe_norm = true;         // MoE: renormalise the chosen experts' weights unless the file says
   Gating moe_gating = Gating::Softmax;  // MoE routing unless the file says (gpt-oss: softmax over the chosen)
   bool moe_oai_glu = false;     // MoE experts' clamped SwiGLU (gpt-oss) rather than SiLU(gate) · up
+  bool moe_gelu = false;        // ... GELU-tanh(gate) · up; the experts beside a dense FFN, their own router input (gemma4)
   const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
+  float attn_scale = 0.f;       // q·k multiplier whatever the file says (gemma4: 1; 0: attention.scale or 1/sqrt(hd))
+  bool layer_shapes = false;    // gemma4: per-layer head widths / KV heads / FFN widths, shared-KV layers,
+                                // V RMS-normed (unweighted), K as V where attn_v is absent, rope_freqs on
+                                // global layers only, per-layer token embeddings, layer_output_scale
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
 const ArchSpec& arch_spec(const std::string& arch);
@@ -78,15 +85,35 @@ struct HParams {
   MoeParams moe;              // n_expert == 0: every layer dense
   int pooling_type = -1;      // <arch>.pooling_type (llama.cpp's enum: 1 mean, 3 last, 4 rank), -1 = unset
   int n_cls_out = 0;          // rows of the classifier head cls.output.weight (a reranker's), 0 = none
+  // gemma4's per-layer shapes (empty / 0: every layer as the scalars above; n_head_kv, n_ff are then the maxima)
+  std::vector<uint8_t> swa_layers;   // [n_layer] 1 = sliding-window layer (attention.sliding_window_pattern array)
+  std::vector<int> n_head_kv_layer;  // [n_layer] KV heads (attention.head_count_kv array)
+  std::vector<int> n_ff_layer;       // [n_layer] FFN widths (feed_forward_length array)
+  int head_dim_swa = 0;              // local layers' q/k/v head width (attention.key_length_swa)
+  int rope_dim_swa = 0;              // local layers' rotated dims (rope.dimension_count_swa)
+  int n_layer_kv = 0;                // layers [0, n_layer_kv) own K/V, later ones read an earlier layer's (0: all)
+  int n_embd_per_layer = 0;          // per-layer token embedding width (embedding_length_per_layer_input), 0 = none
   int kv_dim() const { return n_head_kv * head_dim; }
+  int layer_head_dim(int il) const { return head_dim_swa > 0 && is_local(il) ? head_dim_swa : head_dim; }
+  int layer_rope_dim(int il) const { return rope_dim_swa > 0 && is_local(il) ? rope_dim_swa : rope_dim; }
+  int layer_n_head_kv(int il) const { return n_head_kv_layer.empty() ? n_head_kv : n_head_kv_layer[il]; }
+  int layer_ff(int il) const { return n_ff_layer.empty() ? n_ff : n_ff_layer[il]; }
+  int layer_kv_dim(int il) const { return layer_n_head_kv(il) * layer_head_dim(il); }
+  // The layer whose K/V layer il attends over: itself, or (a shared-KV layer) the last owning layer of its kind.
+  int kv_layer(int il) const { return n_layer_kv <= 0 || il < n_layer_kv ? il : n_layer_kv - (is_local(il) ? 2 : 1); }
+  std::vector<int> kv_widths() const;  // [n_layer] K (and V) floats per token slot of each layer, 0: shared
+  int max_head_dim() const { return std::max(head_dim, head_dim_swa); }
   float attn_temperature(int pos) const {
     return attn_temp_scale == 0.f ? 1.f : 1.f + attn_temp_scale * std::log(std::floor((float)pos / attn_temp_floor) + 1.f);
   }
-  bool is_local(int layer) const { return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0; }
+  bool is_local(int layer) const {
+    if (!swa_layers.empty()) return n_swa > 0 && swa_layers[layer];
+    return n_swa > 0 && swa_pattern > 0 && (layer + 1) % swa_pattern != 0;
+  }
   bool roped(int layer) const { return no_rope_step <= 0 || (layer + 1) % no_rope_step != 0; }
   // The FFN inner width a token runs through in layer il: the dense width, or its experts' and the shared.
   int64_t active_ff(int layer) const {
-    return moe.moe_layer(layer) ? (int64_t)moe.n_used * moe.n_ff + moe.n_ff_shared : n_ff;
+    return moe.moe_layer(layer) ? (int64_t)moe.n_used * moe.n_ff + moe.n_ff_shared : layer_ff(layer);
   }
 };
 

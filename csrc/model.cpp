@@ -56,6 +56,7 @@ void Model::pack_weights() {
     for (std::vector<Weight>* es : {&L.moe.gate, &L.moe.up, &L.moe.down})
       for (Weight& w : *es) ws.push_back(&w);
   }
+  for (Weight* w : ple_.matrices()) ws.push_back(w);
   for (Weight* w : ws) {
     if (!w->data || !packable(w->type)) continue;
     try {
@@ -82,7 +83,7 @@ std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional)
 }
 
 void Model::load_weights() {
-  const int E = hp_.n_embd, hd = hp_.head_dim, qd = hp_.n_head * hd, kvd = hp_.kv_dim();
+  const int E = hp_.n_embd;
   tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
   output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;
   output_norm_ = vec("output_norm.weight", E);
@@ -92,32 +93,36 @@ void Model::load_weights() {
   for (int il = 0; il < hp_.n_layer; il++) {
     LayerWeights& L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
+    const int hd = hp_.layer_head_dim(il), qd = hp_.n_head * hd, kvd = hp_.layer_kv_dim(il);
     if (spec_->pre_norms) {
       L.attn_norm = vec(p + "attn_norm.weight", E);
       L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
     }
-    load_qkv(p, L);
+    load_qkv(p, L, il);
     L.wo = weight(p + "attn_output.weight", qd, E);
     L.bq = vec(p + "attn_q.bias", qd, true);
     L.bk = vec(p + "attn_k.bias", kvd, true);
     L.bv = vec(p + "attn_v.bias", kvd, true);
     L.bo = vec(p + "attn_output.bias", E, true);
     L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
-    if (hp_.moe.moe_layer(il)) {
-      load_moe(il, L.moe);
-    } else {
-      load_gate_up(p, L);
-      L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
+    if (hp_.moe.moe_layer(il)) load_moe(il, L.moe);
+    if (!hp_.moe.moe_layer(il) || spec_->moe_gelu) {  // gemma4: its experts run beside the dense FFN
+      load_gate_up(p, L, hp_.layer_ff(il));
+      L.w_down = weight(p + "ffn_down.weight", hp_.layer_ff(il), E);
     }
     {  // required where the architecture has them, used wherever the file has them
       L.q_norm = vec(p + "attn_q_norm.weight", spec_->qk_norm_full ? qd : hd, !spec_->qk_norm);
-      L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm);
+      L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm || !L.wk.data);
     }
     if (spec_->post_norms) {
       L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
       L.post_ffn_norm = vec(p + "post_ffw_norm.weight", E);
     }
+    L.out_scale = vec(p + "layer_output_scale.weight", 1, true);
   }
+  ple_.load(hp_, [this](const std::string& n, int64_t i, int64_t o) { return weight(n, i, o); },
+            [this](const std::string& n, int64_t len) { return vec(n, len); });
+  ones_.assign(hp_.max_head_dim(), 1.f);
   rope_freqs_ = vec("rope_freqs.weight", hp_.rope_dim / 2, true);
   rope_short_ = vec("rope_factors_short.weight", hp_.rope_dim / 2, true);
   rope_long_ = vec("rope_factors_long.weight", hp_.rope_dim / 2, true);
@@ -133,7 +138,10 @@ void Model::set_context(int n_ctx) {
   const float* ff = f.empty() ? nullptr : f.data();
   rope_global_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base, hp_.rope_scaling, ff);
   const RopeScaling local = spec_->swa_rope_scaled ? hp_.rope_scaling : RopeScaling{};
-  rope_local_ = make_rope(hd, hp_.rope_dim, spec_->neox_rope, hp_.rope_base_local, local, ff);
+  const int hd_local = hp_.head_dim_swa > 0 ? hp_.head_dim_swa : hd;  // gemma4: its own width, no factors
+  const int rd_local = hp_.rope_dim_swa > 0 ? hp_.rope_dim_swa : hp_.rope_dim;
+  rope_local_ = make_rope(hd_local, rd_local, spec_->neox_rope, hp_.rope_base_local, local,
+                          spec_->layer_shapes ? nullptr : ff);
 }
 
 // Rows [r0, r0 + n) of a matrix: one part of a fused tensor, read in place.
@@ -145,12 +153,14 @@ Weight Model::rows(const Weight& w, int64_t r0, int64_t n) const {
 }
 
 // q, k and v: their own tensors, or the row ranges of a fused attn_qkv (phi3).
-void Model::load_qkv(const std::string& p, LayerWeights& L) {
-  const int E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim, kvd = hp_.kv_dim();
+// gemma4: a shared-KV layer has only q; a layer without attn_v uses K as V.
+void Model::load_qkv(const std::string& p, LayerWeights& L, int il) {
+  const int E = hp_.n_embd, qd = hp_.n_head * hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il);
   if (!file_->find(p + "attn_qkv.weight")) {
     L.wq = weight(p + "attn_q.weight", E, qd);
+    if (hp_.kv_layer(il) != il) return;
     L.wk = weight(p + "attn_k.weight", E, kvd);
-    L.wv = weight(p + "attn_v.weight", E, kvd);
+    if (!spec_->layer_shapes || file_->find(p + "attn_v.weight")) L.wv = weight(p + "attn_v.weight", E, kvd);
     return;
   }
   const Weight qkv = weight(p + "attn_qkv.weight", E, qd + 2 * kvd);
@@ -160,8 +170,8 @@ void Model::load_qkv(const std::string& p, LayerWeights& L) {
 }
 
 // gate and up: their own tensors, or the halves of an ffn_up twice as tall (phi3's SwiGLU: gate first).
-void Model::load_gate_up(const std::string& p, LayerWeights& L) {
-  const int E = hp_.n_embd, F = hp_.n_ff;
+void Model::load_gate_up(const std::string& p, LayerWeights& L, int64_t F) {
+  const int E = hp_.n_embd;
   if (file_->find(p + "ffn_gate.weight")) {
     L.w_gate = weight(p + "ffn_gate.weight", E, F);
     L.w_up = weight(p + "ffn_up.weight", E, F);
@@ -184,9 +194,23 @@ void Model::load_moe(int il, MoeWeights& w) {
   w.gate_b = vec(p + "ffn_gate_exps.bias", (int64_t)m.n_expert * m.n_ff, true);
   w.up_b = vec(p + "ffn_up_exps.bias", (int64_t)m.n_expert * m.n_ff, true);
   w.down_b = vec(p + "ffn_down_exps.bias", (int64_t)m.n_expert * E, true);
-  w.gate = experts(p + "ffn_gate_exps.weight", E, m.n_ff);
-  w.up = experts(p + "ffn_up_exps.weight", E, m.n_ff);
+  if (file_->find(p + "ffn_gate_up_exps.weight")) {  // gemma4's fused gate and up: the gate's rows first
+    for (const Weight& gu : experts(p + "ffn_gate_up_exps.weight", E, 2 * (int64_t)m.n_ff)) {
+      w.gate.push_back(rows(gu, 0, m.n_ff));
+      w.up.push_back(rows(gu, m.n_ff, m.n_ff));
+    }
+  } else {
+    w.gate = experts(p + "ffn_gate_exps.weight", E, m.n_ff);
+    w.up = experts(p + "ffn_up_exps.weight", E, m.n_ff);
+  }
   w.down = experts(p + "ffn_down_exps.weight", m.n_ff, E);
+  w.down_scale = vec(p + "ffn_down_exps.scale", m.n_expert, true);
+  if (spec_->moe_gelu) {
+    w.router_scale = vec(p + "ffn_gate_inp.scale", E);
+    w.in_norm = vec(p + "pre_ffw_norm_2.weight", E);
+    w.dense_out_norm = vec(p + "post_ffw_norm_1.weight", E);
+    w.out_norm = vec(p + "post_ffw_norm_2.weight", E);
+  }
   if (m.n_ff_shared > 0) {
     w.sh_gate = weight(p + "ffn_gate_shexp.weight", E, m.n_ff_shared);
     w.sh_up = weight(p + "ffn_up_shexp.weight", E, m.n_ff_shared);
@@ -220,20 +244,21 @@ void add_bias(float* y, const std::vector<float>& b) {
 // it (GQA). Items go round-robin to threads, since later tokens of a prompt attend over more positions.
 void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
-  const int T = (int)b.size(), hd = hp_.head_dim, kvd = hp_.kv_dim(), bs = kv.block_size();
-  const int group = hp_.n_head / hp_.n_head_kv, qd = hp_.n_head * hd;
+  const int src = hp_.kv_layer(il), n_kv = hp_.layer_n_head_kv(il);  // src: the layer whose K/V il reads
+  const int T = (int)b.size(), hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il), bs = kv.block_size();
+  const int group = hp_.n_head / n_kv, qd = hp_.n_head * hd;
   const int window = hp_.is_local(il) ? hp_.n_swa : 0;
-  for (int t = 0; t < T; t++) {
+  for (int t = 0; t < T && src == il; t++) {
     const std::vector<int32_t>& tab = *b.tables[t];
     int p = b.pos[t];
     to_f16(k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
     to_f16(v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
   }
-  const int64_t items = (int64_t)T * hp_.n_head_kv;
+  const int64_t items = (int64_t)T * n_kv;
   auto work = [&](int ith, int nth) {
     std::vector<float>& sc = scores_[ith];
     for (int64_t w = ith; w < items; w += nth) {
-      const int t = (int)(w / hp_.n_head_kv), g = (int)(w % hp_.n_head_kv);
+      const int t = (int)(w / n_kv), g = (int)(w % n_kv);
       const std::vector<int32_t>& tab = *b.tables[t];
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
       grow(sc, (size_t)len * group);
@@ -244,8 +269,8 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       vrows.resize(len);
       for (int j = 0; j < len; j++) {
         const int blk = tab[(lo + j) / bs], slot = (lo + j) % bs;
-        krows[j] = kv.k(il, blk, slot) + g * hd;
-        vrows[j] = kv.v(il, blk, slot) + g * hd;
+        krows[j] = kv.k(src, blk, slot) + g * hd;
+        vrows[j] = kv.v(src, blk, slot) + g * hd;
       }
       attention_scores_f16(q, group, hd, krows.data(), len, sc.data(), vrows.data());
       for (size_t i = 0; i < (size_t)len * group; i++) sc[i] *= hp_.attn_scale;
@@ -266,30 +291,36 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 
 void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
-  const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.head_dim, kvd = hp_.kv_dim(), qd = hp_.n_head * hd;
+  const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il);
+  const int qd = hp_.n_head * hd, n_kv = hp_.layer_n_head_kv(il);
+  const bool own_kv = L.wk.data != nullptr;  // gemma4's shared-KV layers read an earlier layer's
   const RopeParams& rp = hp_.is_local(il) ? rope_local_ : rope_global_;
   const float eps = hp_.eps;
 
   pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
   act_invalidate(act_);
-  matmul_group(pool, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, h_.data(), T, act_);
+  std::vector<MatmulOut> qkv = {{&L.wq, q_.data()}};
+  if (own_kv) qkv.push_back({&L.wk, k_.data()});
+  if (L.wv.data) qkv.push_back({&L.wv, v_.data()});
+  matmul_group(pool, qkv, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
     float* q = &q_[t * qd];
     float* k = &k_[t * kvd];
     add_bias(q, L.bq);
     add_bias(k, L.bk);
     add_bias(&v_[t * kvd], L.bv);
+    if (own_kv && spec_->layer_shapes) v_norm(k, &v_[t * kvd], !L.wv.data, n_kv, hd);
     if (spec_->qk_norm_full) {
       rmsnorm(q, L.q_norm.data(), q, qd, eps);
       rmsnorm(k, L.k_norm.data(), k, kvd, eps);
     } else if (!L.q_norm.empty()) {
       rmsnorm_heads(q, L.q_norm.data(), hp_.n_head, hd, eps);
-      rmsnorm_heads(k, L.k_norm.data(), hp_.n_head_kv, hd, eps);
+      if (own_kv) rmsnorm_heads(k, L.k_norm.data(), n_kv, hd, eps);
     }
     if (hp_.roped(il)) {
-      const float* cs = &rope_cs_[((size_t)hp_.is_local(il) * T + t) * hp_.rope_dim];
+      const float* cs = &rope_cs_[((size_t)hp_.is_local(il) * T + t) * cs_stride()];
       rope(q, hp_.n_head, cs, rp);
-      rope(k, hp_.n_head_kv, cs, rp);
+      if (own_kv) rope(k, n_kv, cs, rp);
     }
     const float temp = hp_.attn_temperature(b.pos[t]);  // mistral3: long positions attend more sharply
     if (temp != 1.f)
@@ -306,6 +337,15 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   }, INLINE_ROWS);
   ffn(il, b, pool);
   pool.parallel_for(T, [&](int64_t t) { residual_add(&o_[t * E], L.post_ffn_norm, &x_[t * E]); }, INLINE_ROWS);
+  if (ple_.enabled()) ple_.apply(il, pool, x_.data(), T, act_);
+  if (!L.out_scale.empty())
+    for (size_t i = 0; i < (size_t)T * E; i++) x_[i] *= L.out_scale[0];
+}
+
+// gemma4's V: RMS-normed per head without a weight; where the layer has no attn_v, K (before its norm) as V.
+void Model::v_norm(const float* k, float* v, bool k_as_v, int n_kv, int hd) const {
+  if (k_as_v) std::copy(k, k + (size_t)n_kv * hd, v);
+  rmsnorm_heads(v, ones_.data(), n_kv, hd, hp_.eps);
 }
 
 // A block's input: x RMS-normed by `norm`, or x itself where the architecture has no pre-norms (olmo2).
@@ -327,11 +367,17 @@ void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
   const int T = (int)b.size();
   act_invalidate(act_);
+  if (hp_.moe.moe_layer(il) && spec_->moe_gelu) return moe_beside_dense(il, b, pool);
   if (hp_.moe.moe_layer(il)) {
     moe_.forward(pool, hp_.moe, L.moe, h_.data(), T, o_.data(), act_);
     return;
   }
-  const int64_t F = hp_.n_ff;
+  dense_ffn(il, T, pool);
+}
+
+void Model::dense_ffn(int il, int T, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int64_t F = hp_.layer_ff(il);
   matmul_group(pool, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}}, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
     if (spec_->gelu) gelu_mul(&gate_[t * F], &up_[t * F], F);
@@ -341,27 +387,56 @@ void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
   matmul(pool, L.w_down, gate_.data(), T, o_.data(), act_);
 }
 
+// gemma4's MoE layer: o = dense_out_norm(FFN(h)) + out_norm(experts(in_norm(x))), the router reading
+// rmsnorm(x) / sqrt(n_embd) × router_scale (x: the residual after attention, h: its ffn_norm).
+void Model::moe_beside_dense(int il, const Batch& b, ThreadPool& pool) {
+  const MoeWeights& w = layers_[il].moe;
+  const int T = (int)b.size(), E = hp_.n_embd;
+  dense_ffn(il, T, pool);
+  grow(moe_in_, (size_t)T * E);
+  grow(router_in_, (size_t)T * E);
+  grow(moe_out_, (size_t)T * E);
+  const float inv_sqrt = 1.f / std::sqrt((float)E);
+  pool.parallel_for(T, [&](int64_t t) {
+    rmsnorm(&x_[t * E], w.in_norm.data(), &moe_in_[t * E], E, hp_.eps);
+    rmsnorm(&x_[t * E], w.router_scale.data(), &router_in_[t * E], E, hp_.eps);
+    for (int i = 0; i < E; i++) router_in_[t * E + i] *= inv_sqrt;
+  }, INLINE_ROWS);
+  act_invalidate(act_);
+  moe_.forward(pool, hp_.moe, w, moe_in_.data(), T, moe_out_.data(), act_, router_in_.data());
+  pool.parallel_for(T, [&](int64_t t) {
+    float* o = &o_[t * E];
+    float* m = &moe_out_[t * E];
+    rmsnorm(o, w.dense_out_norm.data(), o, E, hp_.eps);
+    rmsnorm(m, w.out_norm.data(), m, E, hp_.eps);
+    for (int i = 0; i < E; i++) o[i] += m[i];
+  }, INLINE_ROWS);
+}
+
 void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
                     std::vector<float>* hidden) {
-  const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim;
+  const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.max_head_dim();
   if (T == 0) return;
+  int kvd = 0;  // the widest layer's K (and V) row
+  for (int il = 0; il < hp_.n_layer; il++) kvd = std::max(kvd, hp_.layer_kv_dim(il));
   grow(x_, (size_t)T * E);
   grow(h_, (size_t)T * E);
   grow(o_, (size_t)T * E);
   grow(q_, (size_t)T * qd);
   grow(attn_, (size_t)T * qd);
-  grow(k_, (size_t)T * hp_.kv_dim());
-  grow(v_, (size_t)T * hp_.kv_dim());
+  grow(k_, (size_t)T * kvd);
+  grow(v_, (size_t)T * kvd);
   grow(gate_, (size_t)T * hp_.n_ff);
   grow(up_, (size_t)T * hp_.n_ff);
   scores_.resize(pool.size());
   krows_.resize(pool.size());
   vrows_.resize(pool.size());
 
-  grow(rope_cs_, (size_t)2 * T * hp_.rope_dim);
+  const int cs = cs_stride();
+  grow(rope_cs_, (size_t)2 * T * cs);
   pool.parallel_for(T, [&](int64_t t) {
-    rope_angles(b.pos[t], rope_global_, &rope_cs_[(size_t)t * hp_.rope_dim]);
-    if (hp_.n_swa > 0) rope_angles(b.pos[t], rope_local_, &rope_cs_[(size_t)(T + t) * hp_.rope_dim]);
+    rope_angles(b.pos[t], rope_global_, &rope_cs_[(size_t)t * cs]);
+    if (hp_.n_swa > 0) rope_angles(b.pos[t], rope_local_, &rope_cs_[(size_t)(T + t) * cs]);
   }, INLINE_ROWS);
   const float scale = hp_.embd_mult;
   pool.parallel_for(T, [&](int64_t t) {
@@ -370,6 +445,7 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
     if (scale != 1.0f)
       for (int i = 0; i < E; i++) x[i] *= scale;
   }, INLINE_ROWS);
+  if (ple_.enabled()) ple_.inputs(pool, b.tokens.data(), x_.data(), T, act_);
   for (int il = 0; il < hp_.n_layer; il++) layer(il, b, kv, pool);
 
   final_norm(b.logit_rows, final_);

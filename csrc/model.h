@@ -13,6 +13,7 @@
 #include "kv_cache.h"
 #include "moe.h"
 #include "ops.h"
+#include "per_layer_embd.h"
 #include "threadpool.h"
 
 namespace pyserve {
@@ -26,6 +27,7 @@ struct LayerWeights {
   Weight wq, wk, wv, wo;                                  // [n_head*hd × n_embd], [kv_dim × n_embd] ×2, [n_embd × n_head*hd_v]
   Weight w_gate, w_up, w_down;                            // [n_ff × n_embd] ×2, [n_embd × n_ff] (dense layers)
   MoeWeights moe;                                         // MoE layers (hp.moe.moe_layer(il))
+  std::vector<float> out_scale;                           // [1] layer_output_scale (gemma4) or empty
 };
 
 // One engine step's tokens, from any number of sequences.
@@ -72,17 +74,20 @@ class Model {
   void pack_weights();
   Weight weight(const std::string& name, int64_t n_in, int64_t n_out) const;
   Weight rows(const Weight& w, int64_t r0, int64_t n) const;
-  void load_qkv(const std::string& prefix, LayerWeights& L);
-  void load_gate_up(const std::string& prefix, LayerWeights& L);
+  void load_qkv(const std::string& prefix, LayerWeights& L, int il);
+  void load_gate_up(const std::string& prefix, LayerWeights& L, int64_t n_ff);
   // The n_expert matrices [n_out × n_in] of a 3-D expert tensor [n_in, n_out, n_expert].
   std::vector<Weight> experts(const std::string& name, int64_t n_in, int64_t n_out) const;
   void load_moe(int il, MoeWeights& w);
   void ffn(int il, const Batch& b, ThreadPool& pool);  // o_ = the FFN (dense or MoE) of h_
+  void dense_ffn(int il, int T, ThreadPool& pool);
+  void moe_beside_dense(int il, const Batch& b, ThreadPool& pool);
   void block_input(const float* x, const std::vector<float>& norm, float* h) const;
   void residual_add(float* o, const std::vector<float>& post_norm, float* x) const;
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
   void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);
   void layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool);
+  void v_norm(const float* k, float* v, bool k_as_v, int n_kv, int hd) const;
   void final_norm(const std::vector<int32_t>& rows, std::vector<float>& out) const;  // out[rows × n_embd]
 
   std::shared_ptr<const GGUFFile> file_;
@@ -93,11 +98,15 @@ class Model {
   std::vector<float> cls_out_, cls_out_b_;  // [n_cls_out × n_embd], [n_cls_out] or empty: a reranker's head
   std::vector<LayerWeights> layers_;
   RopeParams rope_global_, rope_local_;
+  PerLayerEmbd ple_;         // gemma4's per-layer token embeddings (enabled() where the file has them)
+  std::vector<float> ones_;  // [max head_dim] the weight of an unweighted RMS norm (gemma4's V)
   std::vector<float> rope_freqs_, rope_short_, rope_long_;  // [rope_dim / 2] frequency factors, or empty
 
   // Work buffers, [T × width], reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, final_;
-  std::vector<float> rope_cs_;  // [global, local][T][rope_dim]: cos/sin of each token's position
+  std::vector<float> moe_in_, router_in_, moe_out_;  // gemma4's MoE layers: [T × n_embd] each
+  std::vector<float> rope_cs_;  // [global, local][T][cs_stride()]: cos/sin of each token's position
+  int cs_stride() const { return std::max(hp_.rope_dim, hp_.rope_dim_swa); }
   std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights
   std::vector<std::vector<const uint16_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended
   ActBuffer act_;

@@ -116,6 +116,7 @@ void MoeFfn::run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights&
   add_expert_bias(pool, w.up_b, u_.data(), F);
   pool.parallel_for(rows, [&](int64_t r) {
     if (p.oai_glu) swiglu_oai(&g_[r * F], &u_[r * F], F);
+    else if (p.gelu) gelu_mul(&g_[r * F], &u_[r * F], F);
     else silu_mul(&g_[r * F], &u_[r * F], F);
   }, INLINE_ROWS);
   const ActFormat fd = type_traits((uint32_t)w.down[0].type)->act;
@@ -132,13 +133,13 @@ void MoeFfn::run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights&
 }
 
 // out[t] = Σ_k w[t, k] · y[row of (t, k)] in selection order (+ the shared experts' output).
-void MoeFfn::combine(ThreadPool& pool, const MoeParams& p, int64_t T, int64_t E, float* out) {
+void MoeFfn::combine(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, int64_t T, int64_t E, float* out) {
   const int K = p.n_used;
   pool.parallel_for(T, [&](int64_t t) {
     float* o = out + t * E;
     std::fill(o, o + E, 0.f);
     for (int k = 0; k < K; k++) {
-      const float wk = weights_[t * K + k];
+      const float wk = weights_[t * K + k] * (w.down_scale.empty() ? 1.f : w.down_scale[ids_[t * K + k]]);
       const float* y = &y_[(int64_t)slot_row_[t * K + k] * E];
       for (int64_t i = 0; i < E; i++) o[i] += wk * y[i];
     }
@@ -148,11 +149,11 @@ void MoeFfn::combine(ThreadPool& pool, const MoeParams& p, int64_t T, int64_t E,
 }
 
 void MoeFfn::forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T,
-                     float* out, ActBuffer& act) {
+                     float* out, ActBuffer& act, const float* router_in) {
   const int64_t E = w.router.n_in, K = p.n_used;
   grow(logits_, T * p.n_expert);
   act_invalidate(act);
-  matmul(pool, w.router, h, T, logits_.data(), act);
+  matmul(pool, w.router, router_in ? router_in : h, T, logits_.data(), act);
   if (!w.router_bias.empty())
     for (int64_t t = 0; t < T; t++)
       for (int e = 0; e < p.n_expert; e++) logits_[t * p.n_expert + e] += w.router_bias[e];
@@ -174,7 +175,7 @@ void MoeFfn::forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, 
     act_invalidate(act);
     matmul(pool, w.sh_down, sg_.data(), T, sy_.data(), act);
   }
-  combine(pool, p, T, E, out);
+  combine(pool, p, w, T, E, out);
 }
 
 }  // namespace pyserve

@@ -34,6 +34,7 @@ struct MoeParams {
   bool norm_weights = false;  // the chosen weights renormalised to sum to 1
   float weights_scale = 1.f;  // then multiplied by this
   bool oai_glu = false;       // the experts' activation: gpt-oss's clamped SwiGLU rather than SiLU(gate) · up
+  bool gelu = false;          // ... GELU-tanh(gate) · up (gemma4)
   bool moe_layer(int il) const { return n_expert > 0 && il >= n_dense_lead; }
 };
 
@@ -44,6 +45,11 @@ struct MoeWeights {
   std::vector<float> gate_b, up_b, down_b;  // [n_expert × n_ff] ×2, [n_expert × n_embd] expert biases, or empty
   std::vector<Weight> gate, up, down;  // [n_expert] each: [n_ff × n_embd], [n_ff × n_embd], [n_embd × n_ff]
   Weight sh_gate, sh_up, sh_down;      // shared experts (n_ff_shared > 0): as one dense SiLU FFN
+  std::vector<float> down_scale;       // [n_expert] expert e's output × down_scale[e] (gemma4), or empty
+  // gemma4, whose experts run beside the layer's dense FFN: [n_embd] each, or empty
+  std::vector<float> in_norm;          // pre_ffw_norm_2: the experts' input norm
+  std::vector<float> router_scale;     // ffn_gate_inp.scale: the router reads rmsnorm(x) / sqrt(n_embd) × it
+  std::vector<float> out_norm, dense_out_norm;  // post_ffw_norm_2, post_ffw_norm_1: the two outputs' norms
 };
 
 // gpt-oss's expert activation: g = min(g, 7) · sigmoid(1.702 · min(g, 7)) · (clamp(u, −7, 7) + 1), n values in g.
@@ -55,15 +61,16 @@ void route(const MoeParams& p, const float* logits, const float* select_bias, in
 
 class MoeFfn {
  public:
-  // out[T × n_embd] = the MoE block of h[T × n_embd] (the FFN-normed residual). Scratch is kept across calls.
+  // out[T × n_embd] = the MoE block of h[T × n_embd] (the FFN-normed residual); the router reads router_in
+  // [T × n_embd] where given (gemma4), else h. Scratch is kept across calls.
   void forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T,
-               float* out, ActBuffer& act);
+               float* out, ActBuffer& act, const float* router_in = nullptr);
 
  private:
   void group_by_expert(const MoeParams& p, int64_t T);
   const uint8_t* gathered(ThreadPool& pool, ActFormat f, const float* h, int64_t T, int64_t n, int which);
   void run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T);
-  void combine(ThreadPool& pool, const MoeParams& p, int64_t T, int64_t E, float* out);
+  void combine(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, int64_t T, int64_t E, float* out);
   // y[rows of expert e] += bias[e] (bias [n_expert × width], or empty: nothing).
   void add_expert_bias(ThreadPool& pool, const std::vector<float>& bias, float* y, int64_t width) const;
 

@@ -20,7 +20,8 @@ override), granite 2 (embedding_scale 4, residual_scale 0.5, logit_scale 2, atte
 an original context of 16, attention temperature 0.1), phi3 2 (fused attn_qkv and gate/up, 3/4 of each head
 rotated, LongRoPE factors with an original context of 256: the long ones at the default context), gpt-oss 2
 (layer 0 local over 8, YaRN x32 from 16 on both, q/k/v/output biases, attention sinks, 8 experts with router and
-expert biases, routed by a softmax over the chosen two, the clamped SwiGLU). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
+expert biases, routed by a softmax over the chosen two, the clamped SwiGLU), gemma4 6 (model_factory_gemma4.py: its
+per-layer shapes and options). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
 "original_context": n, "attn_factor": a, "log_mul": m}`` and ``attn_temperature=s`` apply to any arch.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
@@ -58,7 +59,7 @@ from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3", "phi3", "gpt-oss")
+         "mistral3", "phi3", "gpt-oss", "gemma4")
 GEMMAS = ("gemma2", "gemma3")
 MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss")  # always mixtures of experts (any other arch becomes one with moe={...})
 
@@ -496,6 +497,12 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
+    if arch == "gemma4":  # its own shapes and options: model_factory_gemma4.py
+        from model_factory_gemma4 import write_gemma4
+        if rope_freqs or biases or moe or rerank:
+            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank")
+        return write_gemma4(path, qtype=qtype, seed=seed, tied=tied, name=name, chat_template=chat_template,
+                            vocab=vocab, **dims)
     if rope_freqs and arch != "llama":
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:

@@ -39,6 +39,7 @@ Supported architectures (the graph follows llama.cpp's src/models/*.cpp):
   q and k; RoPE NeoX; q *= 1/sqrt(key_length); post-attention and post-FFN rmsnorms; GELU(tanh)-gated
   FFN. The norm weights in a GGUF already include Gemma's "+1" (the converter adds it), so they are used
   as they are, like llama.cpp does.
+* ``gemma4`` - its per-layer shapes, shared-KV layers and per-layer embeddings: numpy_ref_gemma4.py.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-                   "mistral3", "phi3", "gpt-oss")
+                   "mistral3", "phi3", "gpt-oss", "gemma4")
 ROPE_NORM_ARCHS = ("llama", "smollm3", "granite", "mistral3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
@@ -158,6 +159,9 @@ def read_hparams(reader: GGUFReader) -> HParams:
             return default
         return v
 
+    if arch == "gemma4":  # per-layer shapes: numpy_ref_gemma4.py
+        from numpy_ref_gemma4 import read_gemma4
+        return read_gemma4(key, HParams, MoeHParams)
     n_embd = int(key("embedding_length", required=True))
     n_layer = int(key("block_count", required=True)) - int(key("nextn_predict_layers", 0))
     n_ff_raw = key("feed_forward_length", 0, required=not key("expert_count", 0))
@@ -752,7 +756,10 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         act_fn = lambda z: _f16(gelu_tanh(_f16(z)))  # noqa: E731  (ggml's f16 GELU table)
 
     rope_factors = _rope_factors(m, hp)
-    for il in range(hp.n_layer):
+    if hp.arch == "gemma4":  # its own layer stack (numpy_ref_gemma4.py); the output head below is shared
+        from numpy_ref_gemma4 import gemma4_layers
+        x = gemma4_layers(m, x, toks, mm, qact, tr, act_fn, emu)
+    for il in range(hp.n_layer if hp.arch != "gemma4" else 0):
         p = f"blk.{il}."
         w = lambda n: m.weight(p + n)                      # noqa: E731
 

@@ -60,6 +60,8 @@ def test_a_family_serves_as_the_default_model_does(models, arch):
     with ServerProcess("--model", str(models[arch])).wait_ready() as srv:
         client = sdk(srv)
         text, lps, usage = greedy(client, srv.model)
+        card = httpx.get(srv.url + "/v1/models", timeout=60).json()["data"][0]
+        assert (card["architecture"], card["max_model_len"]) == (arch, 512)
         expected = engine_greedy(models[arch], post(srv, "/tokenize", prompt=PROMPT)["tokens"], MAX_TOKENS)
         assert text == post(srv, "/detokenize", tokens=expected)["prompt"] and len(lps) == len(expected)
         assert greedy(client, srv.model, stream=True)[:2] == (text, lps)

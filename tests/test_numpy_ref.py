@@ -59,7 +59,7 @@ def test_model_loads_and_gives_finite_logits(model_dir, arch, qtype):
     assert {"token_embd.weight", "output_norm.weight", "blk.0.attn_qkv.weight" if arch == "phi3" else "blk.0.attn_q.weight"} <= names
     assert {"blk.1.ffn_down_exps.weight" if arch in tm.MOE_ARCHS else "blk.1.ffn_down.weight"} <= names
     assert ("blk.0.attn_q.bias" in names) == (arch in ("qwen2", "glm4moe", "gpt-oss"))
-    assert ("blk.0.attn_q_norm.weight" in names) == (arch in ("gemma3", "qwen3", "qwen3moe", "olmo2"))
+    assert ("blk.0.attn_q_norm.weight" in names) == (arch in ("gemma3", "gemma4", "qwen3", "qwen3moe", "olmo2"))
     assert r.fields["general.architecture"].contents() == arch
     L = nr.ref_logits(p, tokens())
     assert L.shape == (T, tm.N_VOCAB) and L.dtype == np.float32

@@ -178,6 +178,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "pyserve"
     max_model_len: int
+    architecture: Optional[str] = None  # the GGUF's general.architecture (e.g. "gemma4"), where it is known
     # several models behind one server: the model this name serves (an alias's canonical name), whether it
     # is loaded now, and "loading" / "available" (loaded on the first request) / "unavailable" (see `error`)
     root: Optional[str] = None

@@ -35,6 +35,7 @@ class ModelFacts:
     max_model_len: int = 0  # tokens a sequence may hold, as the engine will compute it
     memory: int = 0  # bytes it holds once loaded, at most: the file (the weights, resident once) + its KV pool
     created: int = 0  # the file's mtime (s)
+    architecture: Optional[str] = None  # general.architecture, read with the geometry
     error: str = ""  # why it cannot be loaded; "" if it may be
 
 
@@ -110,7 +111,7 @@ class Catalog:
         except (ValueError, TypeError, OSError) as e:  # GGUFError and ModelError are ValueErrors
             return ModelFacts(signature, error=str(e) or type(e).__name__)
         return ModelFacts(signature, kv["max_model_len"], st.st_size + kv["num_kv_blocks"] * kv["bytes_per_block"],
-                          int(st.st_mtime))
+                          int(st.st_mtime), architecture=kv["hparams"]["arch"])
 
     # ---- lookups ----
 

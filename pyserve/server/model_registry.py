@@ -380,10 +380,11 @@ class ModelRegistry:
         spec = m.spec if m is not None else self.catalog.spec(key)
         fields = {"root": key, "loaded": serving is not None}
         if serving is not None:
-            fields.update(created=serving.model.created, max_model_len=serving.model.max_model_len, status="loaded")
+            fields.update(created=serving.model.created, max_model_len=serving.model.max_model_len, status="loaded",
+                          architecture=serving.model.engine.hparams["arch"])
         else:
             facts = self.catalog.facts(key)
-            fields.update(created=facts.created, max_model_len=facts.max_model_len,
+            fields.update(created=facts.created, max_model_len=facts.max_model_len, architecture=facts.architecture,
                           status=m.state if m is not None else "available")
             error = self._unavailable_reason(key) if m is None else ""
             if error:
