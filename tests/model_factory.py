@@ -52,13 +52,15 @@ import numpy as np
 
 from pyserve.engine.tokenizer import bytes_to_unicode
 
+import model_factory_hybrid as hybrid
+
 import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3", "phi3", "gpt-oss")
+         "mistral3", "phi3", "gpt-oss") + hybrid.ARCHS
 GEMMAS = ("gemma2", "gemma3")
 MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss")  # always mixtures of experts (any other arch becomes one with moe={...})
 
@@ -374,6 +376,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(rope_scaling={"type": "longrope", "factor": 1.0, "original_context": 256, "attn_factor": 1.19})
     if arch == "granite":  # Granite 3's multipliers, scaled to this size
         d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
+    if arch in hybrid.ARCHS:  # Qwen3.5: 3 Gated DeltaNet layers, then full attention (model_factory_hybrid.py)
+        d.update(hybrid.hybrid_dims(kq))
     return d
 
 
@@ -541,6 +545,16 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
     for il in range(n_layer):
         p = f"blk.{il}."
+        if arch in hybrid.ARCHS:
+            hybrid.add_layer(add, rng, mat, norm, il, cfg)
+        if arch in hybrid.ARCHS and moe_cfg:
+            _add_experts(add, rng, p, n_embd, moe_cfg)
+        elif arch in hybrid.ARCHS:
+            add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
+            add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
+            add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
+        if arch in hybrid.ARCHS:
+            continue
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
         q, k, v = mat(n_head * hd, n_embd), mat(n_head_kv * hd, n_embd), mat(n_head_kv * hd, n_embd)
@@ -626,6 +640,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_nextn_predict_layers(1)
     if moe_cfg:
         _write_moe_keys(w, moe_cfg)
+    if arch in hybrid.ARCHS:
+        hybrid.write_keys(w, cfg)
     if (arch in GEMMAS or arch == "gpt-oss") and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)
