@@ -466,6 +466,8 @@ py::dict engine_stats(Engine& e) {
                   py::arg("tokens_computed") = s.tokens_computed,
                   py::arg("prefix_cache_queries") = s.prefix_cache_queries,
                   py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached,
+                  py::arg("state_slots_total") = s.state_slots_total, py::arg("state_slots_used") = s.state_slots_used,
+                  py::arg("state_slot_bytes") = s.state_slot_bytes,
                   py::arg("grammar_matchers") = s.grammar_matchers, py::arg("step_cost") = s.step_cost,
                   py::arg("last_step_s") = s.last_step_s, py::arg("step_buckets") = s.step_buckets,
                   py::arg("step_seconds_sum") = s.step_seconds_sum,

@@ -107,9 +107,11 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.n_layer, hp.kv_dim(), nb, cfg_.block_size);
+  if (hp.dn.n_recurrent() > 0) init_recurrent(hp);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  scheduler_->set_state_pool(states_.get());
   groups_ = std::make_unique<SequenceGroups>(*scheduler_, [this](const std::string& id) {
     std::lock_guard<std::mutex> lk(mu_);
     live_ids_.erase(id);
@@ -129,6 +131,18 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
 }
 
 Engine::~Engine() = default;
+
+// A hybrid model: a recurrent state slot for each of the max_num_seqs seats. Cached KV blocks carry no
+// recurrent state, so prefix caching is off (a hit would resume from a zero state), and speculative decoding
+// is refused (a rejected draft cannot be rolled back out of the state).
+void Engine::init_recurrent(const HParams& hp) {
+  if (cfg_.speculative_ngram > 0)
+    throw std::invalid_argument("speculative_ngram (--speculative-ngram / --speculative-config) is not supported for '" +
+                                hp.arch + "': its recurrent layers' state cannot roll a rejected draft back");
+  cfg_.enable_prefix_caching = false;
+  const DeltaNetParams& d = hp.dn;
+  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+}
 
 void Engine::check(const Request& req) const {
   const int V = model_->hparams().n_vocab;
@@ -300,7 +314,7 @@ std::vector<StepOutput> Engine::step() {
   build_batch(sched);
   const StepShape shape = shape_of(sched);  // before the step moves (or frees) its sequences
   const double t_forward = monotonic_now();
-  model_->forward(batch_, *kv_, *pool_, logits_, &hidden_);
+  model_->forward(batch_, *kv_, *pool_, logits_, &hidden_, states_.get());
   if (follow_row_costs_ && shape.logit_rows == shape.tokens)  // decodes and drafts alone: what drafted rows are priced on
     row_costs_.observe(shape.tokens, monotonic_now() - t_forward);
   record_rows(sched);
@@ -407,6 +421,7 @@ void Engine::build_batch(const Schedule& sched) {
       batch_.tokens.push_back(p < n_tokens ? seq->tokens[p] : seq->draft[p - n_tokens]);  // drafted rows last
       batch_.pos.push_back(p);
       batch_.tables.push_back(&seq->blocks.blocks);
+      batch_.slots.push_back(seq->state_slot);
     }
     const auto [first, end] = seq->rows_to_record(s.n_tokens);
     for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);
@@ -534,6 +549,9 @@ void Engine::snapshot_stats() {
   s.blocks_total = blocks_->num_blocks();
   s.blocks_used = blocks_->num_used();
   s.blocks_cached = blocks_->num_cached();
+  s.state_slots_total = states_ ? states_->num_slots() : 0;
+  s.state_slots_used = states_ ? states_->num_used() : 0;
+  s.state_slot_bytes = states_ ? states_->slot_bytes() : 0;
   s.prefix_cache_queries = blocks_->queried_tokens();
   s.prefix_cache_hits = blocks_->hit_tokens();
   s.preemptions = scheduler_->num_preemptions();
@@ -564,6 +582,8 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   for (int32_t t : tokens) check_token_id("tokens", t, model_->hparams().n_vocab);
   int need = (T + bs - 1) / bs;
   if (!blocks_->can_allocate(need)) throw std::runtime_error("not enough free KV blocks");
+  const int slot = states_ ? states_->acquire() : -1;
+  if (states_ && slot < 0) throw std::runtime_error("no free recurrent state slot");
   std::vector<int32_t> table;
   for (int i = 0; i < need; i++) table.push_back(blocks_->allocate_block());
   Batch b;
@@ -571,6 +591,7 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
     b.tokens.push_back(tokens[t]);
     b.pos.push_back(t);
     b.tables.push_back(&table);
+    b.slots.push_back(slot);
     if (rows.empty()) b.logit_rows.push_back(t);
   }
   for (int32_t r : rows) {
@@ -579,12 +600,14 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   }
   std::vector<float> logits;
   try {
-    model_->forward(b, *kv_, *pool_, logits);
+    model_->forward(b, *kv_, *pool_, logits, nullptr, states_.get());
   } catch (...) {
     for (int blk : table) blocks_->release(blk);
+    if (states_) states_->release(slot);
     throw;
   }
   for (int blk : table) blocks_->release(blk);
+  if (states_) states_->release(slot);
   return logits;
 }
 

@@ -2,9 +2,10 @@
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
 // Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
-// TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
+// TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen35, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
-// it (linear, YaRN, LongRoPE factors), for any of them.
+// it (linear, YaRN, LongRoPE factors), for any of them. qwen35 is a hybrid: Gated DeltaNet layers (delta_net.h)
+// between its full-attention ones.
 #pragma once
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "delta_net.h"
 #include "gguf.h"
 #include "moe.h"
 
@@ -44,6 +46,8 @@ struct ArchSpec {
   Gating moe_gating = Gating::Softmax;  // MoE routing unless the file says (gpt-oss: softmax over the chosen)
   bool moe_oai_glu = false;     // MoE experts' clamped SwiGLU (gpt-oss) rather than SiLU(gate) · up
   const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
+  bool delta_net = false;       // layers the file's ssm.* / full_attention_interval keys say are Gated DeltaNet (qwen35)
+  bool attn_gate = false;       // attn_q gives per head the query then a gate: output × sigmoid(gate) (qwen35)
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
 const ArchSpec& arch_spec(const std::string& arch);
@@ -76,6 +80,7 @@ struct HParams {
   float attn_temp_scale = 0.f;  // q × 1 + s·ln(⌊pos / attn_temp_floor⌋ + 1) (mistral3, llama4); 0 = none
   int attn_temp_floor = 0;
   MoeParams moe;              // n_expert == 0: every layer dense
+  DeltaNetParams dn;          // the recurrent layers (ArchSpec::delta_net), none otherwise
   int pooling_type = -1;      // <arch>.pooling_type (llama.cpp's enum: 1 mean, 3 last, 4 rank), -1 = unset
   int n_cls_out = 0;          // rows of the classifier head cls.output.weight (a reranker's), 0 = none
   int kv_dim() const { return n_head_kv * head_dim; }

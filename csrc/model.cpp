@@ -52,6 +52,7 @@ void Model::pack_weights() {
   std::vector<Weight*> ws = {&output_};
   for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
+    for (Weight* w : {&L.dn.qkv, &L.dn.gate, &L.dn.beta, &L.dn.alpha, &L.dn.out}) ws.push_back(w);
     for (Weight* w : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) ws.push_back(w);
     for (std::vector<Weight>* es : {&L.moe.gate, &L.moe.up, &L.moe.down})
       for (Weight& w : *es) ws.push_back(&w);
@@ -82,7 +83,7 @@ std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional)
 }
 
 void Model::load_weights() {
-  const int E = hp_.n_embd, hd = hp_.head_dim, qd = hp_.n_head * hd, kvd = hp_.kv_dim();
+  const int E = hp_.n_embd;
   tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
   output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;
   output_norm_ = vec("output_norm.weight", E);
@@ -96,22 +97,13 @@ void Model::load_weights() {
       L.attn_norm = vec(p + "attn_norm.weight", E);
       L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
     }
-    load_qkv(p, L);
-    L.wo = weight(p + "attn_output.weight", qd, E);
-    L.bq = vec(p + "attn_q.bias", qd, true);
-    L.bk = vec(p + "attn_k.bias", kvd, true);
-    L.bv = vec(p + "attn_v.bias", kvd, true);
-    L.bo = vec(p + "attn_output.bias", E, true);
-    L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
+    if (hp_.dn.recurrent(il)) load_delta_net(p, L.dn);
+    else load_attention(p, L);
     if (hp_.moe.moe_layer(il)) {
       load_moe(il, L.moe);
     } else {
       load_gate_up(p, L);
       L.w_down = weight(p + "ffn_down.weight", hp_.n_ff, E);
-    }
-    {  // required where the architecture has them, used wherever the file has them
-      L.q_norm = vec(p + "attn_q_norm.weight", spec_->qk_norm_full ? qd : hd, !spec_->qk_norm);
-      L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm);
     }
     if (spec_->post_norms) {
       L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
@@ -122,6 +114,36 @@ void Model::load_weights() {
   rope_short_ = vec("rope_factors_short.weight", hp_.rope_dim / 2, true);
   rope_long_ = vec("rope_factors_long.weight", hp_.rope_dim / 2, true);
   set_context(hp_.rope_scaling.n_ctx_orig);
+}
+
+void Model::load_attention(const std::string& p, LayerWeights& L) {
+  const int E = hp_.n_embd, hd = hp_.head_dim, qd = hp_.n_head * hd, kvd = hp_.kv_dim();
+  load_qkv(p, L);
+  L.wo = weight(p + "attn_output.weight", qd, E);
+  L.bq = vec(p + "attn_q.bias", qd, true);
+  L.bk = vec(p + "attn_k.bias", kvd, true);
+  L.bv = vec(p + "attn_v.bias", kvd, true);
+  L.bo = vec(p + "attn_output.bias", E, true);
+  L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
+  // required where the architecture has them, used wherever the file has them
+  L.q_norm = vec(p + "attn_q_norm.weight", spec_->qk_norm_full ? qd : hd, !spec_->qk_norm);
+  L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm);
+}
+
+// llama.cpp's names (src/models/qwen35.cpp): attn_qkv, attn_gate, ssm_conv1d, ssm_dt.bias, ssm_a, ssm_beta,
+// ssm_alpha, ssm_norm, ssm_out.
+void Model::load_delta_net(const std::string& p, DeltaNetWeights& w) {
+  const DeltaNetParams& d = hp_.dn;
+  const int E = hp_.n_embd;
+  w.qkv = weight(p + "attn_qkv.weight", E, d.conv_dim());
+  w.gate = weight(p + "attn_gate.weight", E, d.value_dim());
+  w.beta = weight(p + "ssm_beta.weight", E, d.n_v_heads);
+  w.alpha = weight(p + "ssm_alpha.weight", E, d.n_v_heads);
+  w.out = weight(p + "ssm_out.weight", d.value_dim(), E);
+  w.conv = vec(p + "ssm_conv1d.weight", d.conv_dim() * d.d_conv);
+  w.dt = vec(p + "ssm_dt.bias", d.n_v_heads);
+  w.a = vec(p + "ssm_a", d.n_v_heads);
+  w.norm = vec(p + "ssm_norm.weight", d.head_v);
 }
 
 // llama.cpp's get_rope_factors: rope_freqs where the file has them, else LongRoPE's long factors for a
@@ -148,7 +170,7 @@ Weight Model::rows(const Weight& w, int64_t r0, int64_t n) const {
 void Model::load_qkv(const std::string& p, LayerWeights& L) {
   const int E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim, kvd = hp_.kv_dim();
   if (!file_->find(p + "attn_qkv.weight")) {
-    L.wq = weight(p + "attn_q.weight", E, qd);
+    L.wq = weight(p + "attn_q.weight", E, spec_->attn_gate ? 2 * qd : qd);  // qwen35: each head's query, then gate
     L.wk = weight(p + "attn_k.weight", E, kvd);
     L.wv = weight(p + "attn_v.weight", E, kvd);
     return;
@@ -265,6 +287,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 }
 
 void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
+  if (hp_.dn.recurrent(il)) return delta_layer(il, b, pool);
   const LayerWeights& L = layers_[il];
   const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.head_dim, kvd = hp_.kv_dim(), qd = hp_.n_head * hd;
   const RopeParams& rp = hp_.is_local(il) ? rope_local_ : rope_global_;
@@ -272,10 +295,17 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 
   pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
   act_invalidate(act_);
-  matmul_group(pool, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, h_.data(), T, act_);
+  float* wq_out = spec_->attn_gate ? qg_.data() : q_.data();
+  matmul_group(pool, {{&L.wq, wq_out}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
     float* q = &q_[t * qd];
     float* k = &k_[t * kvd];
+    if (spec_->attn_gate)  // per head [query | gate] → q_ and qgate_
+      for (int h = 0; h < hp_.n_head; h++) {
+        const float* src = &qg_[(size_t)t * 2 * qd + (size_t)h * 2 * hd];
+        std::copy(src, src + hd, q + h * hd);
+        std::copy(src + hd, src + 2 * hd, &qgate_[(size_t)t * qd + h * hd]);
+      }
     add_bias(q, L.bq);
     add_bias(k, L.bk);
     add_bias(&v_[t * kvd], L.bv);
@@ -296,10 +326,30 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       for (int i = 0; i < qd; i++) q[i] *= temp;
   }, INLINE_ROWS);
   attention(il, b, kv, pool);
+  if (spec_->attn_gate)
+    pool.parallel_for(T, [&](int64_t t) {
+      for (int i = 0; i < qd; i++) attn_[t * qd + i] /= 1.0f + std::exp(-qgate_[t * qd + i]);
+    }, INLINE_ROWS);
   act_invalidate(act_);
   matmul(pool, L.wo, attn_.data(), T, o_.data(), act_);
   if (!L.bo.empty()) pool.parallel_for(T, [&](int64_t t) { add_bias(&o_[t * E], L.bo); }, INLINE_ROWS);
+  ffn_block(il, b, pool);
+}
 
+void Model::delta_layer(int il, const Batch& b, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int T = (int)b.size(), E = hp_.n_embd;
+  if (!states_ || b.slots.size() != b.size())
+    throw std::logic_error("a hybrid model's forward needs a recurrent state slot for every token");
+  pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
+  delta_net_.forward(pool, hp_.dn, L.dn, hp_.eps, h_.data(), T, b.slots, *states_, hp_.dn.index[il], o_.data(), act_);
+  ffn_block(il, b, pool);
+}
+
+// x += the mixer's o_ (post-normed where the architecture has it); the FFN of its norm; x += that.
+void Model::ffn_block(int il, const Batch& b, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int T = (int)b.size(), E = hp_.n_embd;
   pool.parallel_for(T, [&](int64_t t) {
     residual_add(&o_[t * E], L.post_attn_norm, &x_[t * E]);
     block_input(&x_[t * E], L.ffn_norm, &h_[t * E]);
@@ -342,9 +392,11 @@ void Model::ffn(int il, const Batch& b, ThreadPool& pool) {
 }
 
 void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
-                    std::vector<float>* hidden) {
+                    std::vector<float>* hidden, RecurrentStatePool* states) {
   const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.head_dim;
   if (T == 0) return;
+  states_ = states;
+  if (spec_->attn_gate) grow(qg_, (size_t)T * 2 * qd), grow(qgate_, (size_t)T * qd);
   grow(x_, (size_t)T * E);
   grow(h_, (size_t)T * E);
   grow(o_, (size_t)T * E);

@@ -15,11 +15,29 @@ void Scheduler::remove(Sequence* seq) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   blocks_.free(seq->blocks);
+  release_states(seq);
+}
+
+void Scheduler::release_states(Sequence* seq) {
+  if (!states_) return;
+  states_->release(seq->state_slot);
+  for (int s : seq->spare_slots) states_->release(s);
+  seq->state_slot = -1;
+  seq->spare_slots.clear();
+}
+
+bool Scheduler::take_states(Sequence* seq, int n) {
+  if (!states_) return true;
+  if (states_->num_free() < n) return false;
+  seq->state_slot = states_->acquire();
+  for (int i = 1; i < n; i++) seq->spare_slots.push_back(states_->acquire());
+  return true;
 }
 
 void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   blocks_.free(seq->blocks);
+  release_states(seq);  // recomputed from its first token: the state starts again from zero
   seq->n_computed = 0;
   seq->draft.clear();
   seq->status = SeqStatus::WAITING;
@@ -47,6 +65,11 @@ int Scheduler::verified(Sequence* seq) {
 
 void Scheduler::fork(Sequence* parent, Sequence* child) {
   blocks_.fork(parent->blocks, child->blocks);
+  if (states_ && !parent->spare_slots.empty()) {  // the slot reserved at the parent's admission
+    child->state_slot = parent->spare_slots.back();
+    parent->spare_slots.pop_back();
+    states_->copy(parent->state_slot, child->state_slot);
+  }
   child->n_computed = parent->n_computed;
   child->status = SeqStatus::RUNNING;
   child->arrival = admitted_++;
@@ -113,7 +136,7 @@ Schedule Scheduler::schedule() {
     int hit = (int)prefix.size() * cfg_.block_size;
     int n = std::min((int)seq->tokens.size() - hit, budget);
     if (n > 1) n = prefill_take(time, seq, hit, n);
-    if (n <= 0 || !blocks_.can_allocate(prefix, hit + n)) break;
+    if (n <= 0 || !blocks_.can_allocate(prefix, hit + n) || !take_states(seq, seats(seq))) break;
     waiting_.pop_front();
     blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, cacheable > 0);
     seq->n_computed = hit;

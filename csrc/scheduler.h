@@ -14,6 +14,9 @@
 // time it adds (RowCosts), the most promising rows first; verified() then keeps the accepted ones' K/V and
 // rolls the rest back.
 //
+// Hybrid models (a recurrent state pool set): a sequence is admitted only with a free state slot for each of
+// its samples; slots are freed where its blocks are (finish, abort, preemption) and copied on a fork.
+//
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
 #pragma once
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "block_manager.h"
+#include "recurrent_state.h"
 #include "sequence.h"
 #include "step_cost.h"
 
@@ -60,6 +64,8 @@ class Scheduler {
   // its predicted time leaves room for under `seconds` (at least min_prefill_chunk, so prompts always
   // progress); a step without decodes takes up to max_batched_tokens. 0 or null: the token budget alone.
   void set_step_target(double seconds, const StepCostModel* cost) { target_ = seconds, cost_ = cost; }
+  // The recurrent state slots of a hybrid model (owned by the caller; null: an attention-only model).
+  void set_state_pool(RecurrentStatePool* states) { states_ = states; }
   // Prices drafted rows (null: any that fits the rows, the budget and the target is taken).
   void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
@@ -82,6 +88,8 @@ class Scheduler {
 
  private:
   void preempt(Sequence* seq);
+  void release_states(Sequence* seq);
+  bool take_states(Sequence* seq, int n);  // n slots (the first its own) or none when fewer are free
   // Prompt tokens a step may still take: the time the step target leaves after the decodes.
   struct PrefillBudget {
     bool bounded = false;      // false: no target, or no decodes in the step (the token budget alone)
@@ -102,6 +110,7 @@ class Scheduler {
   double target_ = 0.0;
   const StepCostModel* cost_ = nullptr;
   const RowCosts* row_costs_ = nullptr;
+  RecurrentStatePool* states_ = nullptr;
 };
 
 }  // namespace pyserve
