@@ -98,10 +98,16 @@ ArchSpec qwen35() {
   return s;
 }
 
+ArchSpec qwen35moe() {  // qwen35 with a MoE FFN and one shared expert (its output sigmoid-gated)
+  ArchSpec s = based(qwen35(), "qwen35moe");
+  s.moe_shared = 1;
+  return s;
+}
+
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
       gemma2(), gemma3(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
-      based(qwen3(), "qwen3moe"), qwen35(), smollm3()};
+      based(qwen3(), "qwen3moe"), qwen35(), qwen35moe(), smollm3()};
   return all;
 }
 
@@ -129,7 +135,8 @@ MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec
   if (m.n_expert == 0) return m;
   m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
   m.n_ff = ranged(f, a + "expert_feed_forward_length", 1, MAX_DIM, n_ff > 0 ? &ff : nullptr);
-  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &zero), ff_exp = m.n_ff;
+  const int64_t shared = spec.moe_shared;
+  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &shared), ff_exp = m.n_ff;
   m.n_ff_shared = (int)n_shared * ranged(f, a + "expert_shared_feed_forward_length", 1, MAX_DIM, &ff_exp);
   m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
   m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &gating);

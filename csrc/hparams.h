@@ -2,7 +2,8 @@
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
 // Supported architectures: gemma2, gemma3, glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
-// TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen35, smollm3. Any of them may be a mixture of experts: a file
+// TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen35,
+// qwen35moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
 // it (linear, YaRN, LongRoPE factors), for any of them. qwen35 is a hybrid: Gated DeltaNet layers (delta_net.h)
 // between its full-attention ones.
@@ -45,6 +46,7 @@ struct ArchSpec {
   bool moe_norm = true;         // MoE: renormalise the chosen experts' weights unless the file says
   Gating moe_gating = Gating::Softmax;  // MoE routing unless the file says (gpt-oss: softmax over the chosen)
   bool moe_oai_glu = false;     // MoE experts' clamped SwiGLU (gpt-oss) rather than SiLU(gate) · up
+  int moe_shared = 0;           // MoE: shared experts unless the file says (qwen35moe: 1, sigmoid-gated where it has the gate)
   const char* ffn_norm = "ffn_norm";  // the FFN's input norm tensor (glm4moe: post_attention_norm)
   bool delta_net = false;       // layers the file's ssm.* / full_attention_interval keys say are Gated DeltaNet (qwen35)
   bool attn_gate = false;       // attn_q gives per head the query then a gate: output × sigmoid(gate) (qwen35)

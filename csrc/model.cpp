@@ -213,6 +213,7 @@ void Model::load_moe(int il, MoeWeights& w) {
     w.sh_gate = weight(p + "ffn_gate_shexp.weight", E, m.n_ff_shared);
     w.sh_up = weight(p + "ffn_up_shexp.weight", E, m.n_ff_shared);
     w.sh_down = weight(p + "ffn_down_shexp.weight", m.n_ff_shared, E);
+    w.sh_gate_inp = vec(p + "ffn_gate_inp_shexp.weight", E, true);
   }
 }
 

@@ -44,6 +44,7 @@ struct MoeWeights {
   std::vector<float> gate_b, up_b, down_b;  // [n_expert × n_ff] ×2, [n_expert × n_embd] expert biases, or empty
   std::vector<Weight> gate, up, down;  // [n_expert] each: [n_ff × n_embd], [n_ff × n_embd], [n_embd × n_ff]
   Weight sh_gate, sh_up, sh_down;      // shared experts (n_ff_shared > 0): as one dense SiLU FFN
+  std::vector<float> sh_gate_inp;      // [n_embd] the shared experts' output × sigmoid(this · h) (qwen35moe), or empty
 };
 
 // gpt-oss's expert activation: g = min(g, 7) · sigmoid(1.702 · min(g, 7)) · (clamp(u, −7, 7) + 1), n values in g.
@@ -64,6 +65,7 @@ class MoeFfn {
   const uint8_t* gathered(ThreadPool& pool, ActFormat f, const float* h, int64_t T, int64_t n, int which);
   void run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T);
   void combine(ThreadPool& pool, const MoeParams& p, int64_t T, int64_t E, float* out);
+  void shared_gate(ThreadPool& pool, const MoeWeights& w, const float* h, int64_t T);
   // y[rows of expert e] += bias[e] (bias [n_expert × width], or empty: nothing).
   void add_expert_bias(ThreadPool& pool, const std::vector<float>& bias, float* y, int64_t width) const;
 

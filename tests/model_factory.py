@@ -62,7 +62,7 @@ QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
          "mistral3", "phi3", "gpt-oss") + hybrid.ARCHS
 GEMMAS = ("gemma2", "gemma3")
-MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss")  # always mixtures of experts (any other arch becomes one with moe={...})
+MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_256 = K_QUANTS + ("IQ4_XS", "IQ3_S")      # super-blocks of 256 elements
@@ -381,7 +381,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
     return d
 
 
-MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias", "biases")
+MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias", "biases",
+            "shared_gate")
 
 
 def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
@@ -393,11 +394,13 @@ def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
         raise TypeError(f"unknown moe keys {unknown}")
     kq = bool(_all_qtypes(qtype) & set(BLOCK_256))
     cfg = dict(n_expert=8, n_used=2, n_ff=256 if kq else 64, n_shared=0, dense_lead=0, gating=None, norm=None,
-               scale=None, select_bias=False, biases=False)
+               scale=None, select_bias=False, biases=False, shared_gate=False)
     if arch == "glm4moe":  # as the GLM-4.5 files: sigmoid routing with a choosing bias, one shared expert
         cfg.update(n_shared=1, dense_lead=1, gating=2, norm=True, scale=2.5, select_bias=True)
     if arch == "gpt-oss":  # router and expert biases (the routing kind is the architecture's: no key)
         cfg.update(biases=True)
+    if arch == "qwen35moe":  # one shared expert (no count key: the architecture's), its output sigmoid-gated
+        cfg.update(n_shared=1, shared_gate=True)
     cfg.update(moe or {})
     return cfg
 
@@ -424,6 +427,8 @@ def _add_experts(add, rng, p: str, n_embd: int, moe: dict) -> None:
         add(p + "ffn_gate_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_gate")
         add(p + "ffn_up_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_up")
         add(p + "ffn_down_shexp.weight", (rng.standard_normal((n_embd, fs)) / np.sqrt(fs)).astype(np.float32), "ffn_down")
+    if moe["shared_gate"]:
+        add(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(n_embd) / np.sqrt(n_embd)).astype(np.float32))
 
 
 def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
@@ -431,7 +436,8 @@ def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
     w.add_expert_used_count(moe["n_used"])
     w.add_expert_feed_forward_length(moe["n_ff"])
     if moe["n_shared"]:
-        w.add_expert_shared_count(moe["n_shared"])
+        if not moe["shared_gate"]:  # qwen35moe's files have no count: one, the architecture's
+            w.add_expert_shared_count(moe["n_shared"])
         w.add_expert_shared_feed_forward_length(moe["n_ff"])
     if moe["dense_lead"]:
         w.add_leading_dense_block_count(moe["dense_lead"])

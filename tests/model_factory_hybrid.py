@@ -6,13 +6,16 @@ Shape (F32 / 32-element quants; K-quants in brackets): 4 layers, layers 0-2 Gate
 attention (full_attention_interval 4); DeltaNet with 2 key heads and 4 value heads (value head h reads key
 head h % 2) of state size 16 [64], conv kernel 4; attention 4 heads of 32 [128], 2 KV heads, a quarter of each
 head rotated with M-RoPE sections that text reduces to plain NeoX RoPE. The decay is slow (exp(g) ~ 0.6-0.95)
-so a token's state carries far down the sequence. ssm_conv1d, ssm_alpha/ssm_beta and the norms stay F32.
+so a token's state carries far down the sequence. A token's key is correlated with its query (their
+projection and conv rows 0.8 alike, as in trained models): with independent random q and k, q·k is often near
+0, the per-head output norm then magnifies its sign, and 8-bit activation rounding alone moves the logits by
+units. ssm_conv1d, ssm_alpha/ssm_beta and the norms stay F32.
 """
 from __future__ import annotations
 
 import numpy as np
 
-ARCHS = ("qwen35",)
+ARCHS = ("qwen35", "qwen35moe")
 
 
 def hybrid_dims(kq: bool) -> dict:
@@ -50,10 +53,14 @@ def add_layer(add, rng, mat, norm, il: int, cfg: dict) -> None:
         add(p + "attn_output.weight", mat(E, H * hd), "attn_output")
         return
     S, Hk, Hv, K = cfg["ssm_state"], cfg["ssm_groups"], cfg["ssm_v_heads"], cfg["d_conv"]
-    conv_dim = 2 * Hk * S + Hv * S
-    add(p + "attn_qkv.weight", mat(conv_dim, E), "attn_qkv")
+    conv_dim, kd = 2 * Hk * S + Hv * S, Hk * S
+    qkv = mat(conv_dim, E)
+    qkv[kd:2 * kd] = 0.8 * qkv[:kd] + 0.6 * qkv[kd:2 * kd]  # k near q (see the module doc)
+    conv = (0.5 * rng.standard_normal((conv_dim, K))).astype(np.float32)
+    conv[kd:2 * kd] = 0.8 * conv[:kd] + 0.6 * conv[kd:2 * kd]
+    add(p + "attn_qkv.weight", qkv, "attn_qkv")
     add(p + "attn_gate.weight", mat(Hv * S, E), "attn_gate")
-    add(p + "ssm_conv1d.weight", (0.5 * rng.standard_normal((conv_dim, K))).astype(np.float32))
+    add(p + "ssm_conv1d.weight", conv)
     add(p + "ssm_dt.bias", (-1.0 + 0.5 * rng.standard_normal(Hv)).astype(np.float32))
     add(p + "ssm_a", (-np.exp(rng.uniform(-2.0, 0.5, Hv))).astype(np.float32))
     add(p + "ssm_beta.weight", mat(Hv, E))

@@ -673,7 +673,9 @@ def moe_ffn(m: "RefModel", moe: MoeHParams, p: str, f: np.ndarray, qact, margins
     if m.has(p + "ffn_gate_shexp.weight"):
         def sh(h, name):
             return linear(qact(h, p + name + ".weight"), m.weight(p + name + ".weight"))
-        out = out + sh(silu(sh(f, "ffn_gate_shexp")) * sh(f, "ffn_up_shexp"), "ffn_down_shexp")
+        shared = sh(silu(sh(f, "ffn_gate_shexp")) * sh(f, "ffn_up_shexp"), "ffn_down_shexp")
+        gate = m.weight(p + "ffn_gate_inp_shexp.weight", optional=True)  # qwen35moe: sigmoid-gated
+        out = out + (shared if gate is None else shared / (1.0 + np.exp(-(f @ gate.astype(f.dtype))))[:, None])
     return out
 
 

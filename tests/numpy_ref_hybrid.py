@@ -16,13 +16,14 @@ activations' dtype (float64 by default), the exact recurrence an engine's chunke
 The fourth is full attention: attn_q gives [H, 2·hd] per head (query, then a gate), q/k RMS-normed per head,
 NeoX RoPE on the first rope.dimension_count dims (M-RoPE with text positions: every section sees the token's
 position, which is plain RoPE), causal GQA, the output times sigmoid(gate), attn_output. Every layer's FFN
-input norm is post_attention_norm.
+input norm is post_attention_norm. qwen35moe: the same with a MoE FFN (softmax routing, renormalised) and a
+shared expert whose output is multiplied by sigmoid(ffn_gate_inp_shexp · h).
 """
 from __future__ import annotations
 
 import numpy as np
 
-ARCHS = ("qwen35",)
+ARCHS = ("qwen35", "qwen35moe")
 
 
 def read_hybrid(hp, key) -> None:

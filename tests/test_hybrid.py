@@ -26,9 +26,9 @@ def _tokens(n: int, seed: int) -> list[int]:
     return [bos] + [int(t) for t in rng.integers(0, bos, n - 1)]
 
 
-@pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return tm.write_test_model(tmp_path_factory.mktemp("hybrid") / "qwen35.gguf", "qwen35", qtype="F32")
+@pytest.fixture(scope="module", params=tm.hybrid.ARCHS)
+def path(tmp_path_factory, request):
+    return tm.write_test_model(tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf", request.param, qtype="F32")
 
 
 def run(eng, requests: dict, max_tokens: int = 8, n: int = 1, watch=None) -> dict:
@@ -129,7 +129,7 @@ def test_prefix_cache_is_off_and_answers_stay_right(path):
 
 
 def test_speculative_decoding_is_refused_by_name(path):
-    with pytest.raises(ValueError, match=r"speculative_ngram \(--speculative-ngram.*qwen35"):
+    with pytest.raises(ValueError, match=r"speculative_ngram \(--speculative-ngram.*qwen35"):  # qwen35moe too
         _engine.Engine(str(path), n_threads=1, speculative_ngram=4)
 
 
@@ -142,7 +142,8 @@ def test_attention_only_models_hold_no_state(tmp_path):
 def test_a_changed_feature_changes_the_logits(tmp_path, path, change):
     """The control: the same seed with one DeltaNet feature changed must not match the original's reference (so
     the match above is no accident of features the engine could ignore)."""
-    other = tm.write_test_model(tmp_path / "other.gguf", "qwen35", qtype="F32", **change)
+    arch = _engine.Engine(str(path), n_threads=1).hparams["arch"]
+    other = tm.write_test_model(tmp_path / "other.gguf", arch, qtype="F32", **change)
     toks = _tokens(24, 1)
     got = _engine.Engine(str(other), n_threads=1).prompt_logits(toks)
     np.testing.assert_allclose(got, nr.ref_logits(other, toks), atol=0.01)  # the changed file is still right
