@@ -111,7 +111,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
-  scheduler_->set_state_pool(states_.get());
+  scheduler_->set_state_pool(states_.get(), checkpoints_.get());
   groups_ = std::make_unique<SequenceGroups>(*scheduler_, [this](const std::string& id) {
     std::lock_guard<std::mutex> lk(mu_);
     live_ids_.erase(id);
@@ -132,16 +132,20 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
 
 Engine::~Engine() = default;
 
-// A hybrid model: a recurrent state slot for each of the max_num_seqs seats. Cached KV blocks carry no
-// recurrent state, so prefix caching is off (a hit would resume from a zero state), and speculative decoding
-// is refused (a rejected draft cannot be rolled back out of the state).
+// A hybrid model: a recurrent state slot for each of the max_num_seqs seats, and with prefix caching, state
+// checkpoints at block boundaries (a hit resumes only where one is held: state_checkpoints.h), as many as a
+// quarter of the KV pool's bytes holds, between 1 and 2 · max_num_seqs. Speculative decoding is refused (a
+// rejected draft cannot be rolled back out of the state).
 void Engine::init_recurrent(const HParams& hp) {
   if (cfg_.speculative_ngram > 0)
     throw std::invalid_argument("speculative_ngram (--speculative-ngram / --speculative-config) is not supported for '" +
                                 hp.arch + "': its recurrent layers' state cannot roll a rejected draft back");
-  cfg_.enable_prefix_caching = false;
   const DeltaNetParams& d = hp.dn;
   states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+  if (!cfg_.enable_prefix_caching) return;
+  const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), cfg_.block_size);
+  const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
+  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, d.n_recurrent(), d.conv_floats(), d.mat_floats());
 }
 
 void Engine::check(const Request& req) const {
@@ -552,6 +556,9 @@ void Engine::snapshot_stats() {
   s.state_slots_total = states_ ? states_->num_slots() : 0;
   s.state_slots_used = states_ ? states_->num_used() : 0;
   s.state_slot_bytes = states_ ? states_->slot_bytes() : 0;
+  s.state_checkpoints = checkpoints_ ? checkpoints_->size() : 0;
+  s.state_checkpoints_total = checkpoints_ ? checkpoints_->capacity() : 0;
+  s.state_checkpoint_restores = checkpoints_ ? checkpoints_->restored() : 0;
   s.prefix_cache_queries = blocks_->queried_tokens();
   s.prefix_cache_hits = blocks_->hit_tokens();
   s.preemptions = scheduler_->num_preemptions();

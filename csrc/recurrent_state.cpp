@@ -41,6 +41,11 @@ void RecurrentStatePool::copy(int src, int dst) {
   std::memcpy(slot(dst), slot(src), (size_t)slot_floats_ * sizeof(float));
 }
 
+void RecurrentStatePool::copy_from(const RecurrentStatePool& other, int src, int dst) {
+  if (other.slot_floats_ != slot_floats_) throw std::logic_error("recurrent state pools of different layouts");
+  std::memcpy(slot(dst), other.slot(src), (size_t)slot_floats_ * sizeof(float));
+}
+
 float* RecurrentStatePool::conv(int s, int layer) {
   assert(s >= 0 && s < n_slots_ && layer < n_layers_);
   return slot(s) + (int64_t)layer * (conv_floats_ + mat_floats_);

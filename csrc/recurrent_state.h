@@ -23,6 +23,8 @@ class RecurrentStatePool {
   int acquire();               // a zeroed free slot, or -1
   void release(int slot);      // back to the free list (slot < 0: nothing)
   void copy(int src, int dst); // dst's state = src's (an n > 1 fork)
+  // dst's state = other's slot src (a pool of the same layout: state checkpoints)
+  void copy_from(const RecurrentStatePool& other, int src, int dst);
   float* conv(int slot, int layer);  // [d_conv - 1][conv_dim]: the conv's last inputs, oldest first
   float* mat(int slot, int layer);   // [n_v_heads][head_v][head_k]: each value head's state matrix
 
@@ -34,6 +36,7 @@ class RecurrentStatePool {
 
  private:
   float* slot(int s) { return data_.get() + (int64_t)s * slot_floats_; }
+  const float* slot(int s) const { return data_.get() + (int64_t)s * slot_floats_; }
   struct Free { void operator()(float* p) const { std::free(p); } };
   int n_slots_, n_layers_;
   int64_t conv_floats_, mat_floats_, slot_floats_;

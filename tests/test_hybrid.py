@@ -1,7 +1,7 @@
 """Hybrid models (Qwen3.5: Gated DeltaNet layers between full-attention ones) in the engine: the recurrent state
 as a resource (a slot per running sequence, freed on finish, abort and preemption, copied on an n > 1 fork),
-chunked prefill and batching giving the same tokens, what is refused (speculative decoding) or turned off
-(prefix caching), and a control that must differ (a file with one feature changed)."""
+chunked prefill and batching giving the same tokens, prefix caching through state checkpoints at block
+boundaries, speculative decoding refused, and a control that must differ (a file with one feature changed)."""
 from __future__ import annotations
 
 import os
@@ -119,13 +119,37 @@ def test_preemption_recomputes_from_a_fresh_state(path):
     assert eng.stats()["state_slots_used"] == 0
 
 
-def test_prefix_cache_is_off_and_answers_stay_right(path):
+def test_a_repeated_prompt_resumes_from_a_state_checkpoint(path):
+    """The first run's prompt chunk stops at its last full block (36 of 40 tokens), whose state is kept; the
+    same prompt again resumes there: 36 tokens hit, the same tokens."""
     eng = _engine.Engine(str(path), n_threads=1, block_size=4)
-    assert eng.config["enable_prefix_caching"] is False
     prompt = _tokens(40, 80)
     first = run(eng, {"a": prompt})
+    assert eng.stats()["state_checkpoints"] > 0 and eng.stats()["prefix_cache_hits"] == 0
     second = run(eng, {"a": prompt})
-    assert first == second and eng.stats()["prefix_cache_hits"] == 0
+    s = eng.stats()
+    assert first == second and (s["prefix_cache_hits"], s["state_checkpoint_restores"]) == (36, 1)
+
+
+def test_a_second_turn_resumes_past_the_first_turns_text(path):
+    """Turn 2 = turn 1's prompt and answer and more: the hit reaches into the answer (decode steps checkpoint
+    every block boundary), and the tokens are a fresh engine's."""
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    turn1 = _tokens(30, 81)
+    answer = run(eng, {"t1": turn1}, max_tokens=12)[("t1", 0)]
+    turn2 = turn1 + answer + _tokens(9, 82)[1:]
+    before = eng.stats()["prefix_cache_hits"]
+    got = run(eng, {"t2": turn2})
+    assert eng.stats()["prefix_cache_hits"] - before >= len(turn1) + 4
+    assert got == run(_engine.Engine(str(path), n_threads=1, enable_prefix_caching=False), {"t2": turn2})
+
+
+def test_without_prefix_caching_nothing_is_checkpointed(path):
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4, enable_prefix_caching=False)
+    prompt = _tokens(40, 80)
+    assert run(eng, {"a": prompt}) == run(eng, {"a": prompt})
+    s = eng.stats()
+    assert (s["state_checkpoints_total"], s["prefix_cache_hits"]) == (0, 0)
 
 
 def test_speculative_decoding_is_refused_by_name(path):
@@ -135,7 +159,8 @@ def test_speculative_decoding_is_refused_by_name(path):
 
 def test_attention_only_models_hold_no_state(tmp_path):
     eng = _engine.Engine(str(tm.write_test_model(tmp_path / "q3.gguf", "qwen3")), n_threads=1)
-    assert eng.stats()["state_slots_total"] == 0 and eng.config["enable_prefix_caching"] is True
+    s = eng.stats()
+    assert (s["state_slots_total"], s["state_checkpoints_total"]) == (0, 0)
 
 
 @pytest.mark.parametrize("change", [{"full_attention_interval": 2}, {"ssm_groups": 4}, {"d_conv": 2}])
