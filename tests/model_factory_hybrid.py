@@ -31,7 +31,7 @@ def rope_dim(hd: int) -> int:
 def rope_sections(hd: int) -> list[int]:
     """Qwen3.5's [11, 11, 10, 0] in small: three sections covering the rotated pairs (text: all one position)."""
     half = rope_dim(hd) // 2
-    return [half - 2 * (half // 3), half // 3, half // 3, 0]
+    return [(half - j + 2) // 3 for j in range(3)] + [0]  # section j: the pairs i ≡ j (mod 3), interleaved
 
 
 def recurrent(cfg: dict, il: int) -> bool:
