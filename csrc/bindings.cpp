@@ -234,7 +234,7 @@ py::dict hparams_dict(const HParams& h) {
                   py::arg("head_dim") = h.head_dim, py::arg("n_ff") = h.n_ff, py::arg("n_ctx_train") = h.n_ctx_train,
                   py::arg("n_swa") = h.n_swa, py::arg("n_expert") = h.moe.n_expert,
                   py::arg("n_expert_used") = h.moe.n_used, py::arg("pooling_type") = h.pooling_type,
-                  py::arg("n_cls_out") = h.n_cls_out);
+                  py::arg("n_cls_out") = h.n_cls_out, py::arg("n_recurrent") = h.dn.n_recurrent());
 }
 
 py::dict config_dict(const EngineConfig& c) {
@@ -466,6 +466,10 @@ py::dict engine_stats(Engine& e) {
                   py::arg("tokens_computed") = s.tokens_computed,
                   py::arg("prefix_cache_queries") = s.prefix_cache_queries,
                   py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached,
+                  py::arg("state_slots_total") = s.state_slots_total, py::arg("state_slots_used") = s.state_slots_used,
+                  py::arg("state_slot_bytes") = s.state_slot_bytes, py::arg("state_checkpoints") = s.state_checkpoints,
+                  py::arg("state_checkpoints_total") = s.state_checkpoints_total,
+                  py::arg("state_checkpoint_restores") = s.state_checkpoint_restores,
                   py::arg("grammar_matchers") = s.grammar_matchers, py::arg("step_cost") = s.step_cost,
                   py::arg("last_step_s") = s.last_step_s, py::arg("step_buckets") = s.step_buckets,
                   py::arg("step_seconds_sum") = s.step_seconds_sum,

@@ -109,9 +109,11 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size);
+  if (hp.dn.n_recurrent() > 0) init_recurrent(hp);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
+  scheduler_->set_state_pool(states_.get(), checkpoints_.get());
   groups_ = std::make_unique<SequenceGroups>(*scheduler_, [this](const std::string& id) {
     std::lock_guard<std::mutex> lk(mu_);
     live_ids_.erase(id);
@@ -131,6 +133,22 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
 }
 
 Engine::~Engine() = default;
+
+// A hybrid model: a recurrent state slot for each of the max_num_seqs seats, and with prefix caching, state
+// checkpoints at block boundaries (a hit resumes only where one is held: state_checkpoints.h), as many as a
+// quarter of the KV pool's bytes holds, between 1 and 2 · max_num_seqs. Speculative decoding is refused (a
+// rejected draft cannot be rolled back out of the state).
+void Engine::init_recurrent(const HParams& hp) {
+  if (cfg_.speculative_ngram > 0)
+    throw std::invalid_argument("speculative_ngram (--speculative-ngram / --speculative-config) is not supported for '" +
+                                hp.arch + "': its recurrent layers' state cannot roll a rejected draft back");
+  const DeltaNetParams& d = hp.dn;
+  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+  if (!cfg_.enable_prefix_caching) return;
+  const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), cfg_.block_size);
+  const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
+  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+}
 
 void Engine::check(const Request& req) const {
   const int V = model_->hparams().n_vocab;
@@ -302,7 +320,7 @@ std::vector<StepOutput> Engine::step() {
   build_batch(sched);
   const StepShape shape = shape_of(sched);  // before the step moves (or frees) its sequences
   const double t_forward = monotonic_now();
-  model_->forward(batch_, *kv_, *pool_, logits_, &hidden_);
+  model_->forward(batch_, *kv_, *pool_, logits_, &hidden_, states_.get());
   if (follow_row_costs_ && shape.logit_rows == shape.tokens)  // decodes and drafts alone: what drafted rows are priced on
     row_costs_.observe(shape.tokens, monotonic_now() - t_forward);
   record_rows(sched);
@@ -409,6 +427,7 @@ void Engine::build_batch(const Schedule& sched) {
       batch_.tokens.push_back(p < n_tokens ? seq->tokens[p] : seq->draft[p - n_tokens]);  // drafted rows last
       batch_.pos.push_back(p);
       batch_.tables.push_back(&seq->blocks.blocks);
+      batch_.slots.push_back(seq->state_slot);
     }
     const auto [first, end] = seq->rows_to_record(s.n_tokens);
     for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);
@@ -536,6 +555,12 @@ void Engine::snapshot_stats() {
   s.blocks_total = blocks_->num_blocks();
   s.blocks_used = blocks_->num_used();
   s.blocks_cached = blocks_->num_cached();
+  s.state_slots_total = states_ ? states_->num_slots() : 0;
+  s.state_slots_used = states_ ? states_->num_used() : 0;
+  s.state_slot_bytes = states_ ? states_->slot_bytes() : 0;
+  s.state_checkpoints = checkpoints_ ? checkpoints_->size() : 0;
+  s.state_checkpoints_total = checkpoints_ ? checkpoints_->capacity() : 0;
+  s.state_checkpoint_restores = checkpoints_ ? checkpoints_->restored() : 0;
   s.prefix_cache_queries = blocks_->queried_tokens();
   s.prefix_cache_hits = blocks_->hit_tokens();
   s.preemptions = scheduler_->num_preemptions();
@@ -566,6 +591,8 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   for (int32_t t : tokens) check_token_id("tokens", t, model_->hparams().n_vocab);
   int need = (T + bs - 1) / bs;
   if (!blocks_->can_allocate(need)) throw std::runtime_error("not enough free KV blocks");
+  const int slot = states_ ? states_->acquire() : -1;
+  if (states_ && slot < 0) throw std::runtime_error("no free recurrent state slot");
   std::vector<int32_t> table;
   for (int i = 0; i < need; i++) table.push_back(blocks_->allocate_block());
   Batch b;
@@ -573,6 +600,7 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
     b.tokens.push_back(tokens[t]);
     b.pos.push_back(t);
     b.tables.push_back(&table);
+    b.slots.push_back(slot);
     if (rows.empty()) b.logit_rows.push_back(t);
   }
   for (int32_t r : rows) {
@@ -581,12 +609,14 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   }
   std::vector<float> logits;
   try {
-    model_->forward(b, *kv_, *pool_, logits);
+    model_->forward(b, *kv_, *pool_, logits, nullptr, states_.get());
   } catch (...) {
     for (int blk : table) blocks_->release(blk);
+    if (states_) states_->release(slot);
     throw;
   }
   for (int blk : table) blocks_->release(blk);
+  if (states_) states_->release(slot);
   return logits;
 }
 

@@ -113,6 +113,10 @@ struct EngineStats {
   uint64_t preemptions = 0, steps = 0, tokens_computed = 0;
   uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // tokens looked up at admission, tokens found
   int blocks_cached = 0;                                      // cached blocks no sequence holds (reusable)
+  int state_slots_total = 0, state_slots_used = 0;            // hybrid models' recurrent state slots (else 0)
+  int64_t state_slot_bytes = 0;                               // one slot's memory (every recurrent layer's state)
+  int state_checkpoints = 0, state_checkpoints_total = 0;     // checkpoints held, room for (hybrid prefix cache)
+  uint64_t state_checkpoint_restores = 0;                     // admissions that resumed from one
   int64_t grammar_matchers = 0;                               // live matchers in the process (Matcher::live)
   std::array<double, 2> step_cost{};                          // StepCostModel's floor (s) and rate (s per GMAC)
   double last_step_s = 0.0;                                   // wall time of the last step
@@ -185,6 +189,7 @@ class Engine {
   void check_kind(const Request& req) const;  // the rules that differ between generation, scoring, embedding
   void check_size(const Request& req) const;  // context length and KV pool
   void build_batch(const Schedule& sched);
+  void init_recurrent(const HParams& hp);  // the state pool of a hybrid model; refuses what it cannot do
   void record_rows(const Schedule& sched);    // what the prompt rows of this forward give (embeddings, scores)
   std::vector<std::pair<Sequence*, const float*>> computed(const Schedule& sched, double t_step,
                                                            std::vector<StepOutput>& out);
@@ -202,6 +207,8 @@ class Engine {
   std::shared_ptr<ThreadPool> pool_;  // shared with the process's other engines of its size
   std::unique_ptr<KVCache> kv_;
   std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<RecurrentStatePool> states_;  // hybrid models: a state slot per seat (max_num_seqs), else null
+  std::unique_ptr<StateCheckpoints> checkpoints_;  // hybrid models with prefix caching: states at block boundaries
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int32_t> eos_ids_;
   std::unique_ptr<SequenceGroups> groups_;  // the live requests' sequences; owned by the step thread

@@ -99,10 +99,25 @@ ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN
   return s;
 }
 
+// qwen35: qwen3's attention (per-head q/k norms, NeoX RoPE, partial from the file) with the output gated,
+// the FFN's norm named post_attention_norm, three of four layers Gated DeltaNet
+ArchSpec qwen35() {
+  ArchSpec s = based(qwen3(), "qwen35");
+  s.ffn_norm = "post_attention_norm";
+  s.delta_net = s.attn_gate = true;
+  return s;
+}
+
+ArchSpec qwen35moe() {  // qwen35 with a MoE FFN and one shared expert (its output sigmoid-gated)
+  ArchSpec s = based(qwen35(), "qwen35moe");
+  s.moe_shared = 1;
+  return s;
+}
+
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
       gemma2(), gemma3(), gemma4(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
-      based(qwen3(), "qwen3moe"), smollm3()};
+      based(qwen3(), "qwen3moe"), qwen35(), qwen35moe(), smollm3()};
   return all;
 }
 
@@ -138,7 +153,8 @@ MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec
   if (m.n_expert == 0) return m;
   m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
   m.n_ff = ranged(f, a + "expert_feed_forward_length", 1, MAX_DIM, n_ff > 0 ? &ff : nullptr);
-  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &zero), ff_exp = m.n_ff;
+  const int64_t shared = spec.moe_shared;
+  const int64_t n_shared = ranged(f, a + "expert_shared_count", 0, 64, &shared), ff_exp = m.n_ff;
   m.n_ff_shared = (int)n_shared * ranged(f, a + "expert_shared_feed_forward_length", 1, MAX_DIM, &ff_exp);
   m.n_dense_lead = ranged(f, a + "leading_dense_block_count", 0, n_layer, &zero);
   m.gating = (Gating)ranged(f, a + "expert_gating_func", 1, 3, &gating);
@@ -304,6 +320,52 @@ void read_layer_shapes(const GGUFFile& f, const std::string& a, HParams& hp) {
   }
 }
 
+// An integer (or bool) array key's values; empty when the file has no such key.
+std::vector<int64_t> int_array(const GGUFFile& f, const std::string& key) {
+  const auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) return {};
+  if (it->second.type != GGUFType::ARRAY || it->second.ai.size() != it->second.size())
+    f.fail("metadata key '" + key + "' is not an array of integers");
+  return it->second.ai;
+}
+
+// ggml's interleaved M-RoPE gives rotated pair i the position of section (i mod Σ) % 3 while that stays within
+// 3·sections[that]; the rest take the 4th position, 0 for text. Every pair on a text position: plain RoPE.
+bool text_mrope_is_rope(const std::vector<int64_t>& sec, int rope_dim) {
+  int64_t total = 0;
+  for (int64_t v : sec) total += v;
+  for (int i = 0; total > 0 && i < rope_dim / 2; i++) {
+    const int64_t s = i % total, which = s % 3;
+    if (which >= (int64_t)sec.size() || s >= 3 * sec[which]) return false;
+  }
+  return true;
+}
+
+// The DeltaNet keys (llama.cpp's names) and which layers are recurrent: attention.recurrent_layers where the
+// file has it, else all but every full_attention_interval-th (default 4).
+void read_delta_net(const GGUFFile& f, const std::string& a, HParams& hp) {
+  DeltaNetParams& d = hp.dn;
+  d.d_conv = ranged(f, a + "ssm.conv_kernel", 1, 64, nullptr);
+  d.n_k_heads = ranged(f, a + "ssm.group_count", 1, MAX_HEADS, nullptr);
+  d.n_v_heads = ranged(f, a + "ssm.time_step_rank", 1, MAX_HEADS, nullptr);
+  d.head_k = ranged(f, a + "ssm.state_size", 1, 4096, nullptr);
+  const int inner = ranged(f, a + "ssm.inner_size", 1, MAX_DIM, nullptr);
+  d.head_v = inner / d.n_v_heads;
+  if (d.n_v_heads % d.n_k_heads || inner % d.n_v_heads || d.head_v != d.head_k)
+    f.fail("inconsistent ssm.* keys (inner_size, state_size, time_step_rank, group_count)");
+  const int64_t four = 4;
+  const int interval = ranged(f, a + "full_attention_interval", 1, 1 << 16, &four);
+  const std::vector<int64_t> rec = int_array(f, a + "attention.recurrent_layers");
+  d.index.assign(hp.n_layer, -1);
+  for (int il = 0, n = 0; il < hp.n_layer; il++) {
+    const bool r = rec.empty() ? (il + 1) % interval != 0 : il < (int)rec.size() && rec[il] != 0;
+    if (r) d.index[il] = n++;
+  }
+  const std::vector<int64_t> sections = int_array(f, a + "rope.dimension_sections");
+  if (!text_mrope_is_rope(sections, hp.rope_dim))
+    f.fail("unsupported rope.dimension_sections: some rotated dimensions would not take a text position");
+}
+
 }  // namespace
 
 std::vector<int> HParams::kv_widths() const {
@@ -342,6 +404,7 @@ HParams read_hparams(const GGUFFile& f) {
   read_multipliers(f, a, spec, hp);
   if (spec.layer_shapes) read_layer_shapes(f, a, hp);
   else check_uniform(f, a, hp.n_layer);
+  if (spec.delta_net) read_delta_net(f, a, hp);
   const int64_t unset = -1;
   hp.pooling_type = ranged(f, a + "pooling_type", -1, 1 << 16, &unset);  // read, not used: any value loads
   const GGUFTensor* cls = f.find("cls.output.weight");

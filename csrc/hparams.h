@@ -1,10 +1,12 @@
 // hparams: what an architecture does differently in the one layer graph (ArchSpec), and a file's
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
-// Supported architectures: gemma2, gemma3, gemma4 (dense and MoE, per-layer embeddings, shared KV), glm4moe, granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2,
-// TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3. Any of them may be a mixture of experts: a file
+// Supported architectures: gemma2, gemma3, gemma4 (dense and MoE, per-layer embeddings, shared KV), glm4moe,
+// granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2, TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2,
+// qwen3, qwen3moe, qwen35, qwen35moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
-// it (linear, YaRN, LongRoPE factors), for any of them.
+// it (linear, YaRN, LongRoPE factors), for any of them. qwen35 is a hybrid: Gated DeltaNet layers (delta_net.h)
+// between its full-attention ones.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "delta_net.h"
 #include "gguf.h"
 #include "moe.h"
 
@@ -51,6 +54,9 @@ struct ArchSpec {
   bool layer_shapes = false;    // gemma4: per-layer head widths / KV heads / FFN widths, shared-KV layers,
                                 // V RMS-normed (unweighted), K as V where attn_v is absent, rope_freqs on
                                 // global layers only, per-layer token embeddings, layer_output_scale
+  int moe_shared = 0;           // MoE: shared experts unless the file says (qwen35moe: 1, sigmoid-gated where it has the gate)
+  bool delta_net = false;       // layers the file's ssm.* / full_attention_interval keys say are Gated DeltaNet (qwen35)
+  bool attn_gate = false;       // attn_q gives per head the query then a gate: output × sigmoid(gate) (qwen35)
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
 const ArchSpec& arch_spec(const std::string& arch);
@@ -83,6 +89,7 @@ struct HParams {
   float attn_temp_scale = 0.f;  // q × 1 + s·ln(⌊pos / attn_temp_floor⌋ + 1) (mistral3, llama4); 0 = none
   int attn_temp_floor = 0;
   MoeParams moe;              // n_expert == 0: every layer dense
+  DeltaNetParams dn;          // the recurrent layers (ArchSpec::delta_net), none otherwise
   int pooling_type = -1;      // <arch>.pooling_type (llama.cpp's enum: 1 mean, 3 last, 4 rank), -1 = unset
   int n_cls_out = 0;          // rows of the classifier head cls.output.weight (a reranker's), 0 = none
   // gemma4's per-layer shapes (empty / 0: every layer as the scalars above; n_head_kv, n_ff are then the maxima)

@@ -52,6 +52,7 @@ void Model::pack_weights() {
   std::vector<Weight*> ws = {&output_};
   for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
+    for (Weight* w : {&L.dn.qkv, &L.dn.gate, &L.dn.beta, &L.dn.alpha, &L.dn.out}) ws.push_back(w);
     for (Weight* w : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) ws.push_back(w);
     for (std::vector<Weight>* es : {&L.moe.gate, &L.moe.up, &L.moe.down})
       for (Weight& w : *es) ws.push_back(&w);
@@ -98,21 +99,12 @@ void Model::load_weights() {
       L.attn_norm = vec(p + "attn_norm.weight", E);
       L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
     }
-    load_qkv(p, L, il);
-    L.wo = weight(p + "attn_output.weight", qd, E);
-    L.bq = vec(p + "attn_q.bias", qd, true);
-    L.bk = vec(p + "attn_k.bias", kvd, true);
-    L.bv = vec(p + "attn_v.bias", kvd, true);
-    L.bo = vec(p + "attn_output.bias", E, true);
-    L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
+    if (hp_.dn.recurrent(il)) load_delta_net(p, L.dn);
+    else load_attention(p, L, il);
     if (hp_.moe.moe_layer(il)) load_moe(il, L.moe);
     if (!hp_.moe.moe_layer(il) || spec_->moe_gelu) {  // gemma4: its experts run beside the dense FFN
       load_gate_up(p, L, hp_.layer_ff(il));
       L.w_down = weight(p + "ffn_down.weight", hp_.layer_ff(il), E);
-    }
-    {  // required where the architecture has them, used wherever the file has them
-      L.q_norm = vec(p + "attn_q_norm.weight", spec_->qk_norm_full ? qd : hd, !spec_->qk_norm);
-      L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm || !L.wk.data);
     }
     if (spec_->post_norms) {
       L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
@@ -127,6 +119,36 @@ void Model::load_weights() {
   rope_short_ = vec("rope_factors_short.weight", hp_.rope_dim / 2, true);
   rope_long_ = vec("rope_factors_long.weight", hp_.rope_dim / 2, true);
   set_context(hp_.rope_scaling.n_ctx_orig);
+}
+
+void Model::load_attention(const std::string& p, LayerWeights& L, int il) {
+  const int E = hp_.n_embd, hd = hp_.layer_head_dim(il), qd = hp_.n_head * hd, kvd = hp_.layer_kv_dim(il);
+  load_qkv(p, L, il);
+  L.wo = weight(p + "attn_output.weight", qd, E);
+  L.bq = vec(p + "attn_q.bias", qd, true);
+  L.bk = vec(p + "attn_k.bias", kvd, true);
+  L.bv = vec(p + "attn_v.bias", kvd, true);
+  L.bo = vec(p + "attn_output.bias", E, true);
+  L.sinks = vec(p + "attn_sinks.weight", hp_.n_head, true);
+  // required where the architecture has them, used wherever the file has them
+  L.q_norm = vec(p + "attn_q_norm.weight", spec_->qk_norm_full ? qd : hd, !spec_->qk_norm);
+  L.k_norm = vec(p + "attn_k_norm.weight", spec_->qk_norm_full ? kvd : hd, !spec_->qk_norm || !L.wk.data);
+}
+
+// llama.cpp's names (src/models/qwen35.cpp): attn_qkv, attn_gate, ssm_conv1d, ssm_dt.bias, ssm_a, ssm_beta,
+// ssm_alpha, ssm_norm, ssm_out.
+void Model::load_delta_net(const std::string& p, DeltaNetWeights& w) {
+  const DeltaNetParams& d = hp_.dn;
+  const int E = hp_.n_embd;
+  w.qkv = weight(p + "attn_qkv.weight", E, d.conv_dim());
+  w.gate = weight(p + "attn_gate.weight", E, d.value_dim());
+  w.beta = weight(p + "ssm_beta.weight", E, d.n_v_heads);
+  w.alpha = weight(p + "ssm_alpha.weight", E, d.n_v_heads);
+  w.out = weight(p + "ssm_out.weight", d.value_dim(), E);
+  w.conv = vec(p + "ssm_conv1d.weight", d.conv_dim() * d.d_conv);
+  w.dt = vec(p + "ssm_dt.bias", d.n_v_heads);
+  w.a = vec(p + "ssm_a", d.n_v_heads);
+  w.norm = vec(p + "ssm_norm.weight", d.head_v);
 }
 
 // llama.cpp's get_rope_factors: rope_freqs where the file has them, else LongRoPE's long factors for a
@@ -157,7 +179,7 @@ Weight Model::rows(const Weight& w, int64_t r0, int64_t n) const {
 void Model::load_qkv(const std::string& p, LayerWeights& L, int il) {
   const int E = hp_.n_embd, qd = hp_.n_head * hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il);
   if (!file_->find(p + "attn_qkv.weight")) {
-    L.wq = weight(p + "attn_q.weight", E, qd);
+    L.wq = weight(p + "attn_q.weight", E, spec_->attn_gate ? 2 * qd : qd);  // qwen35: each head's query, then gate
     if (hp_.kv_layer(il) != il) return;
     L.wk = weight(p + "attn_k.weight", E, kvd);
     if (!spec_->layer_shapes || file_->find(p + "attn_v.weight")) L.wv = weight(p + "attn_v.weight", E, kvd);
@@ -215,6 +237,7 @@ void Model::load_moe(int il, MoeWeights& w) {
     w.sh_gate = weight(p + "ffn_gate_shexp.weight", E, m.n_ff_shared);
     w.sh_up = weight(p + "ffn_up_shexp.weight", E, m.n_ff_shared);
     w.sh_down = weight(p + "ffn_down_shexp.weight", m.n_ff_shared, E);
+    w.sh_gate_inp = vec(p + "ffn_gate_inp_shexp.weight", E, true);
   }
 }
 
@@ -290,6 +313,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 }
 
 void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
+  if (hp_.dn.recurrent(il)) return delta_layer(il, b, pool);
   const LayerWeights& L = layers_[il];
   const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il);
   const int qd = hp_.n_head * hd, n_kv = hp_.layer_n_head_kv(il);
@@ -299,13 +323,19 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 
   pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
   act_invalidate(act_);
-  std::vector<MatmulOut> qkv = {{&L.wq, q_.data()}};
+  std::vector<MatmulOut> qkv = {{&L.wq, spec_->attn_gate ? qg_.data() : q_.data()}};
   if (own_kv) qkv.push_back({&L.wk, k_.data()});
   if (L.wv.data) qkv.push_back({&L.wv, v_.data()});
   matmul_group(pool, qkv, h_.data(), T, act_);
   pool.parallel_for(T, [&](int64_t t) {
     float* q = &q_[t * qd];
     float* k = &k_[t * kvd];
+    if (spec_->attn_gate)  // per head [query | gate] → q_ and qgate_
+      for (int h = 0; h < hp_.n_head; h++) {
+        const float* src = &qg_[(size_t)t * 2 * qd + (size_t)h * 2 * hd];
+        std::copy(src, src + hd, q + h * hd);
+        std::copy(src + hd, src + 2 * hd, &qgate_[(size_t)t * qd + h * hd]);
+      }
     add_bias(q, L.bq);
     add_bias(k, L.bk);
     add_bias(&v_[t * kvd], L.bv);
@@ -327,10 +357,30 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       for (int i = 0; i < qd; i++) q[i] *= temp;
   }, INLINE_ROWS);
   attention(il, b, kv, pool);
+  if (spec_->attn_gate)
+    pool.parallel_for(T, [&](int64_t t) {
+      for (int i = 0; i < qd; i++) attn_[t * qd + i] /= 1.0f + std::exp(-qgate_[t * qd + i]);
+    }, INLINE_ROWS);
   act_invalidate(act_);
   matmul(pool, L.wo, attn_.data(), T, o_.data(), act_);
   if (!L.bo.empty()) pool.parallel_for(T, [&](int64_t t) { add_bias(&o_[t * E], L.bo); }, INLINE_ROWS);
+  ffn_block(il, b, pool);
+}
 
+void Model::delta_layer(int il, const Batch& b, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int T = (int)b.size(), E = hp_.n_embd;
+  if (!states_ || b.slots.size() != b.size())
+    throw std::logic_error("a hybrid model's forward needs a recurrent state slot for every token");
+  pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
+  delta_net_.forward(pool, hp_.dn, L.dn, hp_.eps, h_.data(), T, b.slots, *states_, hp_.dn.index[il], o_.data(), act_);
+  ffn_block(il, b, pool);
+}
+
+// x += the mixer's o_ (post-normed where the architecture has it); the FFN of its norm; x += that.
+void Model::ffn_block(int il, const Batch& b, ThreadPool& pool) {
+  const LayerWeights& L = layers_[il];
+  const int T = (int)b.size(), E = hp_.n_embd;
   pool.parallel_for(T, [&](int64_t t) {
     residual_add(&o_[t * E], L.post_attn_norm, &x_[t * E]);
     block_input(&x_[t * E], L.ffn_norm, &h_[t * E]);
@@ -414,11 +464,13 @@ void Model::moe_beside_dense(int il, const Batch& b, ThreadPool& pool) {
 }
 
 void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
-                    std::vector<float>* hidden) {
+                    std::vector<float>* hidden, RecurrentStatePool* states) {
   const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.max_head_dim();
   if (T == 0) return;
   int kvd = 0;  // the widest layer's K (and V) row
   for (int il = 0; il < hp_.n_layer; il++) kvd = std::max(kvd, hp_.layer_kv_dim(il));
+  states_ = states;
+  if (spec_->attn_gate) grow(qg_, (size_t)T * 2 * qd), grow(qgate_, (size_t)T * qd);
   grow(x_, (size_t)T * E);
   grow(h_, (size_t)T * E);
   grow(o_, (size_t)T * E);

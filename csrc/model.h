@@ -11,6 +11,7 @@
 #include "gguf.h"
 #include "hparams.h"
 #include "kv_cache.h"
+#include "delta_net.h"
 #include "moe.h"
 #include "ops.h"
 #include "per_layer_embd.h"
@@ -28,6 +29,7 @@ struct LayerWeights {
   Weight w_gate, w_up, w_down;                            // [n_ff × n_embd] ×2, [n_embd × n_ff] (dense layers)
   MoeWeights moe;                                         // MoE layers (hp.moe.moe_layer(il))
   std::vector<float> out_scale;                           // [1] layer_output_scale (gemma4) or empty
+  DeltaNetWeights dn;                                     // Gated DeltaNet layers (hp.dn.recurrent(il)): no q/k/v/o
 };
 
 // One engine step's tokens, from any number of sequences.
@@ -37,8 +39,9 @@ struct Batch {
   std::vector<const std::vector<int32_t>*> tables;    // [T] block table of each token's sequence
   std::vector<int32_t> logit_rows;                    // rows of [0, T) whose logits are wanted, in order
   std::vector<int32_t> hidden_rows;                   // rows whose final-norm hidden state is wanted, in order
+  std::vector<int32_t> slots;                         // [T] recurrent state slot of each token's sequence (hybrids)
   size_t size() const { return tokens.size(); }
-  void clear() { tokens.clear(); pos.clear(); tables.clear(); logit_rows.clear(); hidden_rows.clear(); }
+  void clear() { tokens.clear(); pos.clear(); tables.clear(); logit_rows.clear(); hidden_rows.clear(); slots.clear(); }
 };
 
 class Model {
@@ -56,9 +59,11 @@ class Model {
   // Runs the batch: writes K/V of every token into `kv` through its table (blocks must be allocated),
   // then fills logits[logit_rows.size() × n_vocab] and, when given, hidden[hidden_rows.size() × n_embd]
   // (the final-norm states: the output projection's input). Every token id must be in the vocabulary: the
-  // engine checks them before (Engine::check for requests, prompt_logits for its tokens).
+  // engine checks them before (Engine::check for requests, prompt_logits for its tokens). A hybrid model
+  // (hparams().dn has recurrent layers) reads and advances each token's state slot (batch.slots) in `states`:
+  // without them it throws std::logic_error. A sequence's tokens are consecutive and in order in the batch.
   void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
-               std::vector<float>* hidden = nullptr);
+               std::vector<float>* hidden = nullptr, RecurrentStatePool* states = nullptr);
   // The output projection of R final-norm states hidden[R × n_embd] into logits[R × n_vocab]: the same bits
   // as forward's logits of those rows (the matmul is batch-invariant). Call between forwards.
   void project(ThreadPool& pool, const float* hidden, int R, std::vector<float>& logits);
@@ -79,6 +84,10 @@ class Model {
   // The n_expert matrices [n_out × n_in] of a 3-D expert tensor [n_in, n_out, n_expert].
   std::vector<Weight> experts(const std::string& name, int64_t n_in, int64_t n_out) const;
   void load_moe(int il, MoeWeights& w);
+  void load_attention(const std::string& prefix, LayerWeights& L, int il);
+  void load_delta_net(const std::string& prefix, DeltaNetWeights& w);
+  void delta_layer(int il, const Batch& b, ThreadPool& pool);  // a Gated DeltaNet layer (delta_net.h)
+  void ffn_block(int il, const Batch& b, ThreadPool& pool);    // o_ of the mixer → residual, FFN, residual
   void ffn(int il, const Batch& b, ThreadPool& pool);  // o_ = the FFN (dense or MoE) of h_
   void dense_ffn(int il, int T, ThreadPool& pool);
   void moe_beside_dense(int il, const Batch& b, ThreadPool& pool);
@@ -111,6 +120,9 @@ class Model {
   std::vector<std::vector<const uint16_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended
   ActBuffer act_;
   MoeFfn moe_;
+  DeltaNet delta_net_;
+  RecurrentStatePool* states_ = nullptr;  // the current forward's (hybrid models)
+  std::vector<float> qg_, qgate_;         // ArchSpec::attn_gate: [T × 2·n_head·hd] the projection, [T × n_head·hd] its gates
 };
 
 }  // namespace pyserve

@@ -148,6 +148,17 @@ void MoeFfn::combine(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, 
   }, INLINE_ROWS);
 }
 
+// sy_[t] ×= sigmoid(sh_gate_inp · h[t]) (a float dot: the gate is a vector, never quantized).
+void MoeFfn::shared_gate(ThreadPool& pool, const MoeWeights& w, const float* h, int64_t T) {
+  const int64_t E = w.router.n_in;
+  pool.parallel_for(T, [&](int64_t t) {
+    float z = 0.f;
+    for (int64_t i = 0; i < E; i++) z += w.sh_gate_inp[i] * h[t * E + i];
+    const float g = 1.0f / (1.0f + std::exp(-z));
+    for (int64_t i = 0; i < E; i++) sy_[t * E + i] *= g;
+  }, INLINE_ROWS);
+}
+
 void MoeFfn::forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T,
                      float* out, ActBuffer& act, const float* router_in) {
   const int64_t E = w.router.n_in, K = p.n_used;
@@ -174,6 +185,7 @@ void MoeFfn::forward(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, 
     pool.parallel_for(T, [&](int64_t t) { silu_mul(&sg_[t * F], &su_[t * F], F); }, INLINE_ROWS);
     act_invalidate(act);
     matmul(pool, w.sh_down, sg_.data(), T, sy_.data(), act);
+    if (!w.sh_gate_inp.empty()) shared_gate(pool, w, h, T);
   }
   combine(pool, p, w, T, E, out);
 }

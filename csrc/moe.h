@@ -50,6 +50,7 @@ struct MoeWeights {
   std::vector<float> in_norm;          // pre_ffw_norm_2: the experts' input norm
   std::vector<float> router_scale;     // ffn_gate_inp.scale: the router reads rmsnorm(x) / sqrt(n_embd) × it
   std::vector<float> out_norm, dense_out_norm;  // post_ffw_norm_2, post_ffw_norm_1: the two outputs' norms
+  std::vector<float> sh_gate_inp;      // [n_embd] the shared experts' output × sigmoid(this · h) (qwen35moe), or empty
 };
 
 // gpt-oss's expert activation: g = min(g, 7) · sigmoid(1.702 · min(g, 7)) · (clamp(u, −7, 7) + 1), n values in g.
@@ -71,6 +72,7 @@ class MoeFfn {
   const uint8_t* gathered(ThreadPool& pool, ActFormat f, const float* h, int64_t T, int64_t n, int which);
   void run_experts(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, const float* h, int64_t T);
   void combine(ThreadPool& pool, const MoeParams& p, const MoeWeights& w, int64_t T, int64_t E, float* out);
+  void shared_gate(ThreadPool& pool, const MoeWeights& w, const float* h, int64_t T);
   // y[rows of expert e] += bias[e] (bias [n_expert × width], or empty: nothing).
   void add_expert_bias(ThreadPool& pool, const std::vector<float>& bias, float* y, int64_t width) const;
 

@@ -15,11 +15,29 @@ void Scheduler::remove(Sequence* seq) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   blocks_.free(seq->blocks);
+  release_states(seq);
+}
+
+void Scheduler::release_states(Sequence* seq) {
+  if (!states_) return;
+  states_->release(seq->state_slot);
+  for (int s : seq->spare_slots) states_->release(s);
+  seq->state_slot = -1;
+  seq->spare_slots.clear();
+}
+
+bool Scheduler::take_states(Sequence* seq, int n) {
+  if (!states_) return true;
+  if (states_->num_free() < n) return false;
+  seq->state_slot = states_->acquire();
+  for (int i = 1; i < n; i++) seq->spare_slots.push_back(states_->acquire());
+  return true;
 }
 
 void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   blocks_.free(seq->blocks);
+  release_states(seq);  // recomputed from its first token: the state starts again from zero
   seq->n_computed = 0;
   seq->draft.clear();
   seq->status = SeqStatus::WAITING;
@@ -30,6 +48,16 @@ void Scheduler::preempt(Sequence* seq) {
 void Scheduler::computed(Sequence* seq, int n) {
   seq->n_computed += n;
   blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
+  if (checkpoints_ && seq->state_slot >= 0 && seq->n_computed % cfg_.block_size == 0)
+    checkpoints_->save(seq->tokens, seq->n_computed, *states_, seq->state_slot);
+}
+
+// A hybrid's prompt chunk that would run past its last full block's boundary (short of the last token) stops
+// there, so that the step ends on it and checkpoints the state a repeated prompt can resume from.
+int Scheduler::checkpoint_stop(const Sequence* seq, int start, int n) const {
+  if (!checkpoints_ || n <= 1) return n;
+  const int bs = cfg_.block_size, boundary = ((int)seq->tokens.size() - 1) / bs * bs;
+  return start < boundary && start + n > boundary ? boundary - start : n;
 }
 
 int Scheduler::verified(Sequence* seq) {
@@ -47,6 +75,11 @@ int Scheduler::verified(Sequence* seq) {
 
 void Scheduler::fork(Sequence* parent, Sequence* child) {
   blocks_.fork(parent->blocks, child->blocks);
+  if (states_ && !parent->spare_slots.empty()) {  // the slot reserved at the parent's admission
+    child->state_slot = parent->spare_slots.back();
+    parent->spare_slots.pop_back();
+    states_->copy(parent->state_slot, child->state_slot);
+  }
   child->n_computed = parent->n_computed;
   child->status = SeqStatus::RUNNING;
   child->arrival = admitted_++;
@@ -80,7 +113,7 @@ Schedule Scheduler::schedule() {
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; i++) {
     Sequence* seq = running_[i];
-    int n = std::min(seq->n_pending(), budget);
+    int n = checkpoint_stop(seq, seq->n_computed, std::min(seq->n_pending(), budget));
     if (n > 1) n = prefill_take(time, seq, seq->n_computed, n);  // a prompt still being computed
     if (n <= 0) continue;
     // Free blocks by preempting the newest running sequences (never one already scheduled).
@@ -110,12 +143,15 @@ Schedule Scheduler::schedule() {
     std::vector<int32_t> prefix;
     if (cacheable > 0) prefix = blocks_.lookup(seq->tokens);
     prefix.resize(std::min<size_t>(prefix.size(), cacheable / cfg_.block_size));
+    if (states_)  // a hybrid resumes only where the recurrent state was checkpointed
+      prefix.resize(checkpoints_ ? checkpoints_->usable(seq->tokens, (int)prefix.size(), cfg_.block_size) : 0);
     int hit = (int)prefix.size() * cfg_.block_size;
-    int n = std::min((int)seq->tokens.size() - hit, budget);
+    int n = checkpoint_stop(seq, hit, std::min((int)seq->tokens.size() - hit, budget));
     if (n > 1) n = prefill_take(time, seq, hit, n);
-    if (n <= 0 || !blocks_.can_allocate(prefix, hit + n)) break;
+    if (n <= 0 || !blocks_.can_allocate(prefix, hit + n) || !take_states(seq, seats(seq))) break;
     waiting_.pop_front();
     blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, cacheable > 0);
+    if (hit > 0 && states_) checkpoints_->restore(seq->tokens, hit, *states_, seq->state_slot);
     seq->n_computed = hit;
     if (seq->n_cached < 0) seq->n_cached = hit;  // what the request's prompt got, not a later re-admission's
     seq->status = SeqStatus::RUNNING;

@@ -14,6 +14,12 @@
 // time it adds (RowCosts), the most promising rows first; verified() then keeps the accepted ones' K/V and
 // rolls the rest back.
 //
+// Hybrid models (a recurrent state pool set): a sequence is admitted only with a free state slot for each of
+// its samples; slots are freed where its blocks are (finish, abort, preemption) and copied on a fork. With
+// state checkpoints (state_checkpoints.h), a prefix-cache hit is cut back to the last block boundary whose state
+// is held, restored into the new slot; a step that ends on a boundary checkpoints it, and a prompt's chunk stops
+// at its last full block's boundary so that a repeated prompt finds one there.
+//
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
 #pragma once
@@ -22,6 +28,8 @@
 #include <vector>
 
 #include "block_manager.h"
+#include "recurrent_state.h"
+#include "state_checkpoints.h"
 #include "sequence.h"
 #include "step_cost.h"
 
@@ -60,6 +68,11 @@ class Scheduler {
   // its predicted time leaves room for under `seconds` (at least min_prefill_chunk, so prompts always
   // progress); a step without decodes takes up to max_batched_tokens. 0 or null: the token budget alone.
   void set_step_target(double seconds, const StepCostModel* cost) { target_ = seconds, cost_ = cost; }
+  // The recurrent state slots of a hybrid model and its checkpoints (owned by the caller; null: an
+  // attention-only model; checkpoints null: no prefix-cache hit for it).
+  void set_state_pool(RecurrentStatePool* states, StateCheckpoints* checkpoints = nullptr) {
+    states_ = states, checkpoints_ = checkpoints;
+  }
   // Prices drafted rows (null: any that fits the rows, the budget and the target is taken).
   void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
@@ -82,6 +95,9 @@ class Scheduler {
 
  private:
   void preempt(Sequence* seq);
+  void release_states(Sequence* seq);
+  bool take_states(Sequence* seq, int n);  // n slots (the first its own) or none when fewer are free
+  int checkpoint_stop(const Sequence* seq, int start, int n) const;  // n, or less to end on the last full block
   // Prompt tokens a step may still take: the time the step target leaves after the decodes.
   struct PrefillBudget {
     bool bounded = false;      // false: no target, or no decodes in the step (the token budget alone)
@@ -102,6 +118,8 @@ class Scheduler {
   double target_ = 0.0;
   const StepCostModel* cost_ = nullptr;
   const RowCosts* row_costs_ = nullptr;
+  RecurrentStatePool* states_ = nullptr;
+  StateCheckpoints* checkpoints_ = nullptr;
 };
 
 }  // namespace pyserve

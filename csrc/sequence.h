@@ -36,6 +36,10 @@ struct Sequence {
   int n_prompt = 0;
   int n_computed = 0;                // tokens whose K/V are in the cache
   BlockTable blocks;                 // logical block → physical block, and the prefix-cache hashes
+  // Hybrid models: the recurrent state slot (recurrent_state.h) held while running (-1: none), and until an
+  // n > 1 request forks, the slots reserved for its other samples.
+  int state_slot = -1;
+  std::vector<int> spare_slots;
   SeqStatus status = SeqStatus::WAITING;
   StopConfig stop;
   std::unique_ptr<Sampler> sampler;

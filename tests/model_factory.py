@@ -53,15 +53,17 @@ import numpy as np
 
 from pyserve.engine.tokenizer import bytes_to_unicode
 
+import model_factory_hybrid as hybrid
+
 import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3", "phi3", "gpt-oss", "gemma4")
+         "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS
 GEMMAS = ("gemma2", "gemma3")
-MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss")  # always mixtures of experts (any other arch becomes one with moe={...})
+MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_256 = K_QUANTS + ("IQ4_XS", "IQ3_S")      # super-blocks of 256 elements
@@ -375,10 +377,13 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(rope_scaling={"type": "longrope", "factor": 1.0, "original_context": 256, "attn_factor": 1.19})
     if arch == "granite":  # Granite 3's multipliers, scaled to this size
         d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
+    if arch in hybrid.ARCHS:  # Qwen3.5: 3 Gated DeltaNet layers, then full attention (model_factory_hybrid.py)
+        d.update(hybrid.hybrid_dims(kq))
     return d
 
 
-MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias", "biases")
+MOE_KEYS = ("n_expert", "n_used", "n_ff", "n_shared", "dense_lead", "gating", "norm", "scale", "select_bias", "biases",
+            "shared_gate")
 
 
 def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
@@ -390,11 +395,13 @@ def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
         raise TypeError(f"unknown moe keys {unknown}")
     kq = bool(_all_qtypes(qtype) & set(BLOCK_256))
     cfg = dict(n_expert=8, n_used=2, n_ff=256 if kq else 64, n_shared=0, dense_lead=0, gating=None, norm=None,
-               scale=None, select_bias=False, biases=False)
+               scale=None, select_bias=False, biases=False, shared_gate=False)
     if arch == "glm4moe":  # as the GLM-4.5 files: sigmoid routing with a choosing bias, one shared expert
         cfg.update(n_shared=1, dense_lead=1, gating=2, norm=True, scale=2.5, select_bias=True)
     if arch == "gpt-oss":  # router and expert biases (the routing kind is the architecture's: no key)
         cfg.update(biases=True)
+    if arch == "qwen35moe":  # one shared expert (no count key: the architecture's), its output sigmoid-gated
+        cfg.update(n_shared=1, shared_gate=True)
     cfg.update(moe or {})
     return cfg
 
@@ -421,6 +428,8 @@ def _add_experts(add, rng, p: str, n_embd: int, moe: dict) -> None:
         add(p + "ffn_gate_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_gate")
         add(p + "ffn_up_shexp.weight", (rng.standard_normal((fs, n_embd)) / np.sqrt(n_embd)).astype(np.float32), "ffn_up")
         add(p + "ffn_down_shexp.weight", (rng.standard_normal((n_embd, fs)) / np.sqrt(fs)).astype(np.float32), "ffn_down")
+    if moe["shared_gate"]:
+        add(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(n_embd) / np.sqrt(n_embd)).astype(np.float32))
 
 
 def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
@@ -428,7 +437,8 @@ def _write_moe_keys(w: GGUFWriter, moe: dict) -> None:
     w.add_expert_used_count(moe["n_used"])
     w.add_expert_feed_forward_length(moe["n_ff"])
     if moe["n_shared"]:
-        w.add_expert_shared_count(moe["n_shared"])
+        if not moe["shared_gate"]:  # qwen35moe's files have no count: one, the architecture's
+            w.add_expert_shared_count(moe["n_shared"])
         w.add_expert_shared_feed_forward_length(moe["n_ff"])
     if moe["dense_lead"]:
         w.add_leading_dense_block_count(moe["dense_lead"])
@@ -548,6 +558,16 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
     for il in range(n_layer):
         p = f"blk.{il}."
+        if arch in hybrid.ARCHS:
+            hybrid.add_layer(add, rng, mat, norm, il, cfg)
+        if arch in hybrid.ARCHS and moe_cfg:
+            _add_experts(add, rng, p, n_embd, moe_cfg)
+        elif arch in hybrid.ARCHS:
+            add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
+            add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
+            add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
+        if arch in hybrid.ARCHS:
+            continue
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
         q, k, v = mat(n_head * hd, n_embd), mat(n_head_kv * hd, n_embd), mat(n_head_kv * hd, n_embd)
@@ -633,6 +653,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_nextn_predict_layers(1)
     if moe_cfg:
         _write_moe_keys(w, moe_cfg)
+    if arch in hybrid.ARCHS:
+        hybrid.write_keys(w, cfg)
     if (arch in GEMMAS or arch == "gpt-oss") and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)

@@ -54,11 +54,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+import numpy_ref_hybrid as hybrid
+
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-                   "mistral3", "phi3", "gpt-oss", "gemma4")
+                   "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS
 ROPE_NORM_ARCHS = ("llama", "smollm3", "granite", "mistral3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
@@ -221,6 +223,8 @@ def read_hparams(reader: GGUFReader) -> HParams:
         _read_gpt_oss(hp, key)
     if arch == "olmo2":
         hp.pre_norms, hp.post_norms = False, True
+    if arch in hybrid.ARCHS:
+        hybrid.read_hybrid(hp, key)
     if arch == "gemma3":
         hp.embd_mult, hp.gelu, hp.post_norms, hp.rope_freqs = math.sqrt(n_embd), True, True, False
         n_swa = key("attention.sliding_window", None)
@@ -673,7 +677,9 @@ def moe_ffn(m: "RefModel", moe: MoeHParams, p: str, f: np.ndarray, qact, margins
     if m.has(p + "ffn_gate_shexp.weight"):
         def sh(h, name):
             return linear(qact(h, p + name + ".weight"), m.weight(p + name + ".weight"))
-        out = out + sh(silu(sh(f, "ffn_gate_shexp")) * sh(f, "ffn_up_shexp"), "ffn_down_shexp")
+        shared = sh(silu(sh(f, "ffn_gate_shexp")) * sh(f, "ffn_up_shexp"), "ffn_down_shexp")
+        gate = m.weight(p + "ffn_gate_inp_shexp.weight", optional=True)  # qwen35moe: sigmoid-gated
+        out = out + (shared if gate is None else shared / (1.0 + np.exp(-(f @ gate.astype(f.dtype))))[:, None])
     return out
 
 
@@ -709,6 +715,47 @@ def _rope_factors(m: "RefModel", hp: HParams) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------------
 # the forward pass
 # --------------------------------------------------------------------------------------------------
+
+def _attention(m: RefModel, hp: HParams, il: int, x: np.ndarray, h: np.ndarray, pos: np.ndarray, mm, emu: set,
+               rope_factors, tr) -> np.ndarray:
+    """Layer il's attention block over the normed rows h: x plus its output (the residual added)."""
+    T, p = len(x), f"blk.{il}."
+
+    def norm(v: np.ndarray, name: str) -> np.ndarray:
+        return rms_norm(v, m.weight(name), hp.eps) if m.has(name) else v
+
+    q, k, v = _qkv(m, hp, p, h, mm)
+    if hp.arch == "olmo2":  # q and k normed over the whole projection, before the heads split
+        q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
+    q = q.reshape(T, hp.n_head, hp.head_dim_k)
+    k = k.reshape(T, hp.n_head_kv, hp.head_dim_k)
+    v = v.reshape(T, hp.n_head_kv, hp.head_dim_v)
+    if hp.arch != "olmo2":
+        q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
+    ff = rope_factors if hp.rope_freqs else None
+    if hp.layer_roped[il]:
+        scaled = hp.layer_swa[il] is None or hp.swa_rope_scaled
+        yarn, ms = (hp.yarn, hp.rope_mscale) if scaled else (None, 1.0)
+        q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
+        k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
+    if hp.attn_temp_scale:  # mistral3 / llama4 temperature: q x 1 + s * ln(floor(pos / L) + 1)
+        q = q * (1.0 + hp.attn_temp_scale * np.log(np.floor(pos / hp.attn_temp_floor) + 1.0))[:, None, None]
+    tr(f"l{il}.q", q)
+    tr(f"l{il}.k", k)
+    tr(f"l{il}.v", v)
+    if "kv" in emu:   # f16 KV cache; the CPU flash-attention converts q to f16 as well
+        q, k, v = _f16(q * hp.attn_scale) / hp.attn_scale, _f16(k), _f16(v)
+    elif "kv16" in emu:
+        k, v = _f16(k), _f16(v)
+    a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale, hp.attn_softcap,
+                  m.weight(p + "attn_sinks.weight", optional=True))
+    tr(f"l{il}.attn_out", a)
+    o = mm(a, p + "attn_output")
+    if hp.post_norms:
+        o = rms_norm(o, m.weight(p + "post_attention_norm.weight"), hp.eps)
+    x = x + hp.residual_mult * o
+    return x
+
 
 def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, dtype,
              trace: dict | None, emulate_ggml: Any = False, emulate_seed: int | None = None,
@@ -766,40 +813,16 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         # ---- attention ----
         h = norm(x, p + "attn_norm.weight") if hp.pre_norms else x
         tr(f"l{il}.attn_norm", h)
-        q, k, v = _qkv(m, hp, p, h, mm)
-        if hp.arch == "olmo2":  # q and k normed over the whole projection, before the heads split
-            q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
-        q = q.reshape(T, hp.n_head, hp.head_dim_k)
-        k = k.reshape(T, hp.n_head_kv, hp.head_dim_k)
-        v = v.reshape(T, hp.n_head_kv, hp.head_dim_v)
-        if hp.arch != "olmo2":
-            q, k = norm(q, p + "attn_q_norm.weight"), norm(k, p + "attn_k_norm.weight")
-        ff = rope_factors if hp.rope_freqs else None
-        if hp.layer_roped[il]:
-            scaled = hp.layer_swa[il] is None or hp.swa_rope_scaled
-            yarn, ms = (hp.yarn, hp.rope_mscale) if scaled else (None, 1.0)
-            q = rope(q, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
-            k = rope(k, pos, hp.n_rot, hp.layer_rope_base[il], hp.layer_rope_scale[il], hp.rope_type, ff, yarn, ms)
-        if hp.attn_temp_scale:  # mistral3 / llama4 temperature: q x 1 + s * ln(floor(pos / L) + 1)
-            q = q * (1.0 + hp.attn_temp_scale * np.log(np.floor(pos / hp.attn_temp_floor) + 1.0))[:, None, None]
-        tr(f"l{il}.q", q)
-        tr(f"l{il}.k", k)
-        tr(f"l{il}.v", v)
-        if "kv" in emu:   # f16 KV cache; the CPU flash-attention converts q to f16 as well
-            q, k, v = _f16(q * hp.attn_scale) / hp.attn_scale, _f16(k), _f16(v)
-        elif "kv16" in emu:
-            k, v = _f16(k), _f16(v)
-        a = attention(q, k, v, attention_mask(T, hp.layer_swa[il]), hp.attn_scale, hp.attn_softcap,
-                      m.weight(p + "attn_sinks.weight", optional=True))
-        tr(f"l{il}.attn_out", a)
-        o = mm(a, p + "attn_output")
-        if hp.post_norms:
-            o = rms_norm(o, w("post_attention_norm.weight"), hp.eps)
-        x = x + hp.residual_mult * o
+        if hp.arch in hybrid.ARCHS:  # Qwen3.5: a DeltaNet or a gated attention mixer (numpy_ref_hybrid.py)
+            o = (hybrid.delta_net(m, hp, p, h, mm) if hp.extra["recurrent"][il] else
+                 hybrid.gated_attention(m, hp, p, h, pos, mm, rope, attention, attention_mask(T, None)))
+            x = x + o
+        else:
+            x = _attention(m, hp, il, x, h, pos, mm, emu, rope_factors, tr)
         tr(f"l{il}.attn_resid", x)
 
         # ---- feed-forward ----
-        ffn_norm = "post_attention_norm" if hp.arch in ("glm4moe", "gpt-oss") else "ffn_norm"
+        ffn_norm = "post_attention_norm" if hp.arch in ("glm4moe", "gpt-oss") + hybrid.ARCHS else "ffn_norm"
         f = norm(x, p + ffn_norm + ".weight") if hp.pre_norms else x
         if hp.moe is not None and hp.moe.layer(il):
             margins = [] if trace is not None else None

@@ -24,6 +24,13 @@ these models, bounded by MOE_TOL. Positions where some layer's
 choice is within MOE_TIE of a tie in that reference are left out: at most a quarter of them (or one) may be.
 A rounding event upstream can still swap an expert at a position whose margin was wider: with quantized
 weights the worst tenth of the positions (at least one) may be off by up to MOE_SWAP_TOL.
+
+Hybrids (Qwen3.5's Gated DeltaNet layers): a head's DeltaNet output is RMS-normed, and where it is small (q
+nearly orthogonal to what the state holds) the norm magnifies whatever moved it; 8-bit activation rounding
+alone then moves these models' logits by up to ~3.5 against the exact reference (ggml's rounding as much as
+pyserve's). With F32 weights the engine is within 0.001 of the exact reference, so the float bounds stand;
+with quantized weights it is compared with the reference in pyserve's numerics (as a MoE model), bounded by
+HYBRID_TOL (seen: max 0.39, mean 0.05).
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ from pyserve import _engine  # noqa: E402
 FLOAT_TOL = {"F32": 0.05, "F16": 0.08, "BF16": 0.3}
 MOE_TOL = (0.75, 0.06)  # max, mean |d logit| of a quantized MoE model against the reference in pyserve's numerics
 MOE_SWAP_TOL = 8.0  # what a swapped expert may move a logit by (a dequantization bug moves every position)
+HYBRID_TOL = (0.6, 0.08)  # max, mean |d logit| of a quantized hybrid against the reference in pyserve's numerics
 MOE_TIE = 0.02  # a routing margin (router-logit units) below which float32 noise may swap the choice (seen: 0.009)
 
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K",
@@ -131,9 +139,11 @@ def _tokens(n: int, seed: int = 1) -> list[int]:
     return [bos] + [int(t) for t in rng.integers(0, bos, n - 1)]
 
 
-def _reference(path, toks, qtype, moe: bool) -> tuple[np.ndarray, float, float, np.ndarray]:
+def _reference(path, toks, qtype, moe: bool, hybrid: bool = False) -> tuple[np.ndarray, float, float, np.ndarray]:
     """(reference logits, max bound, mean bound, positions the max applies to) for this model (see the module doc)."""
     everywhere = np.ones(len(toks), bool)
+    if hybrid and not moe and qtype not in FLOAT_TOL:
+        return nr.ref_logits(path, toks, emulate_ggml=nr.PYSERVE_NUMERICS), *HYBRID_TOL, everywhere
     if moe:
         trace: dict = {}
         ref = nr.ref_logits(path, toks, emulate_ggml=nr.PYSERVE_NUMERICS, trace=trace)
@@ -184,7 +194,7 @@ def test_prompt_logits_match_reference(model_dir, arch, qtype, kw):
     moe = tm.moe_config(arch, qtype, kw.get("moe")) is not None or bool(kw.get("experts"))  # gemma4's option
     for n, seed in ((24, 1), (1, 2), (41, 3)):
         toks = _tokens(n, seed)
-        ref, max_tol, mean_tol, rows = _reference(path, toks, qtype, moe)
+        ref, max_tol, mean_tol, rows = _reference(path, toks, qtype, moe, arch in tm.hybrid.ARCHS)
         spare = max(1, n // 10) if moe and qtype not in FLOAT_TOL else 0
         _compare(eng.prompt_logits(toks), ref, max_tol, mean_tol, f"{name} T={n}", rows, spare)
 

@@ -1,0 +1,124 @@
+#include "delta_net.h"
+
+#include <cmath>
+
+namespace pyserve {
+
+int DeltaNetParams::n_recurrent() const {
+  int n = 0;
+  for (int i : index) n += i >= 0;
+  return n;
+}
+
+namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // ggml's threshold
+
+void l2_norm(float* x, int n, float eps) {
+  float ss = 0.f;
+  for (int i = 0; i < n; i++) ss += x[i] * x[i];
+  const float s = 1.0f / std::sqrt(ss + eps);
+  for (int i = 0; i < n; i++) x[i] *= s;
+}
+
+}  // namespace
+
+void DeltaNet::forward(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, const float* h,
+                       int64_t T, const std::vector<int32_t>& slots, RecurrentStatePool& states, int rl, float* out,
+                       ActBuffer& act) {
+  grow(qkv_, (size_t)T * p.conv_dim());
+  grow(z_, (size_t)T * p.value_dim());
+  grow(beta_, (size_t)T * p.n_v_heads);
+  grow(g_, (size_t)T * p.n_v_heads);
+  grow(o_, (size_t)T * p.value_dim());
+  runs_.clear();
+  run_slot_.clear();
+  for (int64_t t = 0; t < T; t++)
+    if (t == 0 || slots[t] != slots[t - 1]) runs_.push_back(t), run_slot_.push_back(slots[t]);
+  runs_.push_back(T);
+  act_invalidate(act);
+  matmul_group(pool, {{&w.qkv, qkv_.data()}, {&w.gate, z_.data()}, {&w.beta, beta_.data()}, {&w.alpha, g_.data()}},
+               h, T, act);
+  conv(pool, p, w, states, rl);
+  prepare(pool, p, w, eps, T);
+  recur(pool, p, states, rl);
+  gated_norm(pool, p, w, eps, T);
+  act_invalidate(act);
+  matmul(pool, w.out, o_.data(), T, out, act);
+}
+
+// qkv_ ← SiLU(conv(qkv_)), per (run, channel); each run's conv state advanced past its tokens.
+void DeltaNet::conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states,
+                    int rl) {
+  const int64_t C = p.conv_dim(), K = p.d_conv, n_runs = (int64_t)run_slot_.size();
+  pool.parallel_for(n_runs * C, [&](int64_t item) {
+    const int64_t r = item / C, c = item % C;
+    float* st = states.conv(run_slot_[r], rl);  // [K - 1][C]
+    const float* wc = &w.conv[c * K];
+    for (int64_t t = runs_[r]; t < runs_[r + 1]; t++) {
+      float* x = &qkv_[t * C + c];
+      float acc = *x * wc[K - 1];
+      for (int64_t k = 0; k < K - 1; k++) acc += st[k * C + c] * wc[k];
+      for (int64_t k = 0; k + 1 < K - 1; k++) st[k * C + c] = st[(k + 1) * C + c];
+      if (K > 1) st[(K - 2) * C + c] = *x;
+      *x = acc / (1.0f + std::exp(-acc));
+    }
+  }, INLINE_ROWS);
+}
+
+// Per token: q and k L2-normed per head, beta = sigmoid, g = softplus(alpha + dt) · a.
+void DeltaNet::prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T) {
+  const int64_t C = p.conv_dim();
+  pool.parallel_for(T, [&](int64_t t) {
+    float* x = &qkv_[t * C];
+    for (int hd = 0; hd < 2 * p.n_k_heads; hd++) l2_norm(x + (int64_t)hd * p.head_k, p.head_k, eps);
+    for (int hv = 0; hv < p.n_v_heads; hv++) {
+      float& b = beta_[t * p.n_v_heads + hv];
+      float& g = g_[t * p.n_v_heads + hv];
+      b = sigmoid(b);
+      g = softplus(g + w.dt[hv]) * w.a[hv];
+    }
+  }, INLINE_ROWS);
+}
+
+// The delta rule, token by token, per (run, value head); each row j of M: decay, correct, read out.
+void DeltaNet::recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl) {
+  const int64_t C = p.conv_dim(), Hv = p.n_v_heads, Sk = p.head_k, Sv = p.head_v, n_runs = (int64_t)run_slot_.size();
+  const float scale = 1.0f / std::sqrt((float)Sk);
+  pool.parallel_for(n_runs * Hv, [&](int64_t item) {
+    const int64_t r = item / Hv, hv = item % Hv, hk = hv % p.n_k_heads;
+    float* M = states.mat(run_slot_[r], rl) + hv * Sv * Sk;
+    for (int64_t t = runs_[r]; t < runs_[r + 1]; t++) {
+      const float* q = &qkv_[t * C + hk * Sk];
+      const float* k = &qkv_[t * C + p.key_dim() + hk * Sk];
+      const float* v = &qkv_[t * C + 2 * p.key_dim() + hv * Sv];
+      const float decay = std::exp(g_[t * Hv + hv]), beta = beta_[t * Hv + hv];
+      float* o = &o_[t * p.value_dim() + hv * Sv];
+      for (int64_t j = 0; j < Sv; j++) {
+        float* m = M + j * Sk;
+        float mk = 0.f;
+        for (int64_t i = 0; i < Sk; i++) mk += (m[i] *= decay) * k[i];
+        const float d = beta * (v[j] - mk);
+        float mq = 0.f;
+        for (int64_t i = 0; i < Sk; i++) mq += (m[i] += d * k[i]) * q[i];
+        o[j] = mq * scale;
+      }
+    }
+  });
+}
+
+// o ← RMSnorm(o) per value head (ssm_norm) · SiLU(z).
+void DeltaNet::gated_norm(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T) {
+  const int64_t Sv = p.head_v;
+  pool.parallel_for(T, [&](int64_t t) {
+    for (int hv = 0; hv < p.n_v_heads; hv++) {
+      float* o = &o_[t * p.value_dim() + hv * Sv];
+      const float* z = &z_[t * p.value_dim() + hv * Sv];
+      rmsnorm(o, w.norm.data(), o, Sv, eps);
+      for (int64_t j = 0; j < Sv; j++) o[j] *= z[j] / (1.0f + std::exp(-z[j]));
+    }
+  }, INLINE_ROWS);
+}
+
+}  // namespace pyserve

@@ -1,0 +1,65 @@
+"""A hybrid model's second chat turn: TTFT with the prefix cache (recurrent-state checkpoints) vs without.
+
+    python scripts/bench_hybrid_turns.py [--history 2000] [--threads 2] [--arch qwen35]
+
+A random-weight hybrid (tests/model_factory.py, n_embd 256, Q8_0) in the engine, no HTTP: turn 1 is a
+--history-token prompt and a 20-token greedy answer; turn 2 is turn 1, its answer and 30 more tokens. Prints each
+turn's time to first token (add → first token) and their ratio, with the prefix cache on and off; the turn-2
+tokens must be the same either way (else exit status 1).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import model_factory as tm  # noqa: E402
+
+from pyserve import _engine  # noqa: E402
+
+
+def ttft(eng, rid: str, prompt: list) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    eng.add(rid, prompt, {"temperature": 0.0}, 20, True)
+    first, out = None, []
+    while eng.has_work():
+        for o in eng.step():
+            if o.token >= 0:
+                out.append(o.token)
+                first = first or time.perf_counter() - t0
+    return first, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--history", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--arch", default="qwen35", choices=tm.hybrid.ARCHS)
+    args = ap.parse_args()
+    path = tm.write_test_model(os.path.join(tempfile.mkdtemp(), "hybrid.gguf"), args.arch, qtype="Q8_0",
+                               n_ctx=args.history + 512, n_embd=256, head_dim=64, ssm_state=64, n_ff=512)
+    rng = np.random.default_rng(0)
+    turn1, extra = [int(t) for t in rng.integers(0, 256, args.history)], [int(t) for t in rng.integers(0, 256, 30)]
+    seconds = {}
+    for caching in (True, False):
+        eng = _engine.Engine(str(path), n_threads=args.threads, enable_prefix_caching=caching)
+        a, answer = ttft(eng, "t1", turn1)
+        b, second = ttft(eng, "t2", turn1 + answer + extra)
+        s = eng.stats()
+        seconds[caching] = second
+        print(f"prefix cache {'on ' if caching else 'off'}: turn 1 TTFT {a * 1e3:.1f} ms, turn 2 TTFT {b * 1e3:.1f} ms "
+              f"({b / a:.3f}x), {s['prefix_cache_hits']} tokens hit, {s['state_checkpoint_restores']} restores")
+    if seconds[True] != seconds[False]:
+        print("FAIL: turn 2's tokens differ with the prefix cache")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Hybrid models (Qwen3.5: Gated DeltaNet layers between full-attention ones) in the engine: the recurrent state
+as a resource (a slot per running sequence, freed on finish, abort and preemption, copied on an n > 1 fork),
+chunked prefill and batching giving the same tokens, prefix caching through state checkpoints at block
+boundaries, speculative decoding refused, and a control that must differ (a file with one feature changed)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import model_factory as tm  # noqa: E402
+import numpy_ref as nr  # noqa: E402
+
+from pyserve import _engine  # noqa: E402
+
+GREEDY = {"temperature": 0.0}
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    _, _, _, bos, _ = tm.tokenizer_vocab()
+    rng = np.random.default_rng(seed)
+    return [bos] + [int(t) for t in rng.integers(0, bos, n - 1)]
+
+
+@pytest.fixture(scope="module", params=tm.hybrid.ARCHS)
+def path(tmp_path_factory, request):
+    return tm.write_test_model(tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf", request.param, qtype="F32")
+
+
+def run(eng, requests: dict, max_tokens: int = 8, n: int = 1, watch=None) -> dict:
+    """Adds {id: prompt} and steps until all end -> {(id, index): tokens}."""
+    for rid, prompt in requests.items():
+        eng.add(rid, prompt, GREEDY, max_tokens, True, n=n)
+    out: dict = {}
+    while eng.has_work():
+        for o in eng.step():
+            toks = out.setdefault((o.request_id, o.index), [])
+            if o.token >= 0:
+                toks.append(o.token)
+        if watch is not None:
+            watch(eng.stats())
+    return out
+
+
+def test_long_prompt_in_many_chunks_matches_the_reference(path):
+    """A 150-token prompt cut into chunks of 16 (the state carried across ten steps), then greedy decoding:
+    every generated token is the reference's argmax over the whole text (its top-2 gap is far over f32 noise)."""
+    eng = _engine.Engine(str(path), n_threads=1, max_num_batched_tokens=16, block_size=4)
+    prompt = _tokens(150, 11)
+    gen = run(eng, {"a": prompt}, max_tokens=6)[("a", 0)]
+    text = prompt + gen
+    ref = nr.ref_logits(path, text[:-1], rows=range(len(prompt) - 1, len(text) - 1))
+    assert ref.argmax(axis=1).tolist() == gen
+    srt = np.sort(ref, axis=1)
+    assert (srt[:, -1] - srt[:, -2]).min() > 0.01
+    # and the chunked scheduler's prompt equals one prefill's logits (prompt_logits: the whole prompt at once)
+    whole = eng.prompt_logits(prompt)
+    np.testing.assert_allclose(whole, nr.ref_logits(path, prompt), atol=0.01)
+
+
+def test_batched_chunked_and_alone_give_the_same_tokens(path):
+    prompts = {f"r{i}": _tokens(9 + 13 * i, 20 + i) for i in range(4)}
+    alone = {}
+    for rid, p in prompts.items():
+        alone.update(run(_engine.Engine(str(path), n_threads=1), {rid: p}))
+    batched = run(_engine.Engine(str(path), n_threads=2, max_num_batched_tokens=7, block_size=4), prompts)
+    assert batched == alone
+
+
+def test_state_slots_are_taken_and_freed(path):
+    eng = _engine.Engine(str(path), n_threads=1, max_num_seqs=3)
+    s = eng.stats()
+    assert (s["state_slots_total"], s["state_slots_used"]) == (3, 0)
+    assert s["state_slot_bytes"] == 3 * 4 * (3 * 128 + 4 * 16 * 16)  # 3 DeltaNet layers: conv taps - 1 + matrices
+    peak = []
+    out = run(eng, {f"r{i}": _tokens(10, 40 + i) for i in range(5)}, watch=lambda st: peak.append(st["state_slots_used"]))
+    assert len(out) == 5 and all(len(t) == 8 for t in out.values())
+    assert max(peak) == 3  # five requests through three slots: the last two waited for a free one
+    assert eng.stats()["state_slots_used"] == 0
+
+
+def test_abort_frees_the_slot(path):
+    eng = _engine.Engine(str(path), n_threads=1, max_num_seqs=2)
+    eng.add("x", _tokens(12, 50), GREEDY, 100, True)
+    eng.add("y", _tokens(12, 51), GREEDY, 4, True, n=2)
+    eng.step()
+    assert eng.stats()["state_slots_used"] == 1  # y's two samples (two seats, two slots) wait beside x
+    eng.abort("x")
+    eng.step()
+    assert eng.stats()["state_slots_used"] == 2  # x's slot freed: y holds a slot per sample
+    while eng.has_work():
+        eng.step()
+    assert eng.stats()["state_slots_used"] == 0
+
+
+def test_n2_fork_copies_the_state(path):
+    """Greedy n=2: both samples are the n=1 continuation (each decodes from its own copy of the prompt's state)."""
+    prompt = _tokens(23, 60)
+    one = run(_engine.Engine(str(path), n_threads=1), {"a": prompt}, max_tokens=10)[("a", 0)]
+    eng = _engine.Engine(str(path), n_threads=1)
+    two = run(eng, {"a": prompt}, max_tokens=10, n=2)
+    assert two == {("a", 0): one, ("a", 1): one}
+    assert eng.stats()["state_slots_used"] == 0
+
+
+def test_preemption_recomputes_from_a_fresh_state(path):
+    """KV blocks for about two sequences: later ones preempt and recompute, the tokens unchanged."""
+    prompts = {f"p{i}": _tokens(20, 70 + i) for i in range(4)}
+    alone = {}
+    for rid, p in prompts.items():
+        alone.update(run(_engine.Engine(str(path), n_threads=1), {rid: p}, max_tokens=12))
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4, num_kv_blocks=18)
+    assert run(eng, prompts, max_tokens=12) == alone
+    assert eng.stats()["preemptions"] > 0
+    assert eng.stats()["state_slots_used"] == 0
+
+
+def test_a_repeated_prompt_resumes_from_a_state_checkpoint(path):
+    """The first run's prompt chunk stops at its last full block (36 of 40 tokens), whose state is kept; the
+    same prompt again resumes there: 36 tokens hit, the same tokens."""
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    prompt = _tokens(40, 80)
+    first = run(eng, {"a": prompt})
+    assert eng.stats()["state_checkpoints"] > 0 and eng.stats()["prefix_cache_hits"] == 0
+    second = run(eng, {"a": prompt})
+    s = eng.stats()
+    assert first == second and (s["prefix_cache_hits"], s["state_checkpoint_restores"]) == (36, 1)
+
+
+def test_a_second_turn_resumes_past_the_first_turns_text(path):
+    """Turn 2 = turn 1's prompt and answer and more: the hit reaches into the answer (decode steps checkpoint
+    every block boundary), and the tokens are a fresh engine's."""
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    turn1 = _tokens(30, 81)
+    answer = run(eng, {"t1": turn1}, max_tokens=12)[("t1", 0)]
+    turn2 = turn1 + answer + _tokens(9, 82)[1:]
+    before = eng.stats()["prefix_cache_hits"]
+    got = run(eng, {"t2": turn2})
+    assert eng.stats()["prefix_cache_hits"] - before >= len(turn1) + 4
+    assert got == run(_engine.Engine(str(path), n_threads=1, enable_prefix_caching=False), {"t2": turn2})
+
+
+def test_without_prefix_caching_nothing_is_checkpointed(path):
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4, enable_prefix_caching=False)
+    prompt = _tokens(40, 80)
+    assert run(eng, {"a": prompt}) == run(eng, {"a": prompt})
+    s = eng.stats()
+    assert (s["state_checkpoints_total"], s["prefix_cache_hits"]) == (0, 0)
+
+
+def test_speculative_decoding_is_refused_by_name(path):
+    with pytest.raises(ValueError, match=r"speculative_ngram \(--speculative-ngram.*qwen35"):  # qwen35moe too
+        _engine.Engine(str(path), n_threads=1, speculative_ngram=4)
+
+
+def test_attention_only_models_hold_no_state(tmp_path):
+    eng = _engine.Engine(str(tm.write_test_model(tmp_path / "q3.gguf", "qwen3")), n_threads=1)
+    s = eng.stats()
+    assert (s["state_slots_total"], s["state_checkpoints_total"]) == (0, 0)
+
+
+@pytest.mark.parametrize("change", [{"full_attention_interval": 2}, {"ssm_groups": 4}, {"d_conv": 2}])
+def test_a_changed_feature_changes_the_logits(tmp_path, path, change):
+    """The control: the same seed with one DeltaNet feature changed must not match the original's reference (so
+    the match above is no accident of features the engine could ignore)."""
+    arch = _engine.Engine(str(path), n_threads=1).hparams["arch"]
+    other = tm.write_test_model(tmp_path / "other.gguf", arch, qtype="F32", **change)
+    toks = _tokens(24, 1)
+    got = _engine.Engine(str(other), n_threads=1).prompt_logits(toks)
+    np.testing.assert_allclose(got, nr.ref_logits(other, toks), atol=0.01)  # the changed file is still right
+    assert np.abs(got - nr.ref_logits(path, toks)).max() > 1.0
