@@ -6,7 +6,9 @@
 Each run spawns `python -m pyserve serve --host 127.0.0.1 --port P` (P a free loopback port), polls GET
 /health every 5 ms from the spawn on, and records: the first accepted connection (the process is up and
 listening; /health says 503 while the model loads), the first 200, and the phases the server logs for the
-load ("model … loaded in …": resolve, header, engine | tokenizer side by side, serving tables). Then it
+load ("model … loaded in …": header, engine | tokenizer side by side, calibrate, serving tables), and the
+process's CPU time at its first 200 (user + system, all threads: a figure a busy machine disturbs less than
+the wall times). Then it
 stops the server (SIGTERM). --cold gives every run an empty pyserve cache folder (PYSERVE_CACHE_DIR): the
 tokenizer is derived from the vocabulary and the default model's file hashed, as on a first start; without
 it the runs share one folder, filled by a first, unreported warm-up start. One table, medians and per run.
@@ -52,6 +54,17 @@ def health(port: int) -> int:
     return int(m.group(1)) if m else -1
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of the process (all its threads) so far; less sensitive than wall time to a
+    machine shared with other work (nan where /proc is not there)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def one_start(args, cache: str, extra: list[str]) -> dict:
     port = free_port()
     cmd = [sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -69,7 +82,7 @@ def one_start(args, cache: str, extra: list[str]) -> dict:
                 if code and up is None:
                     up = now
                 if code == 200:
-                    ok = now
+                    ok, cpu = now, cpu_seconds(proc.pid)
                 elif proc.poll() is not None:
                     break
                 else:
@@ -86,12 +99,12 @@ def one_start(args, cache: str, extra: list[str]) -> dict:
         log = err.read()
     if ok is None:
         raise RuntimeError(f"no /health 200 within {args.timeout:g} s (exit {proc.returncode}):\n{log[-3000:]}")
-    row = {"listening": up, "health 200": ok}
+    row = {"listening": up, "health 200": ok, "cpu": cpu}
     m = LOADED.search(log)
     if m:
         row["load"] = float(m.group(2))
         detail = m.group(3)
-        row.update({name.strip(): float(v) for name, v in PHASE.findall(detail)})
+        row.update({name.strip(): float(v) for name, v in PHASE.findall(detail) if name.strip() != "resolve"})
         row["tokenizer from"] = "cache" if "(cached)" in detail else "built"
     return row
 

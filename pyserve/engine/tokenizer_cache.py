@@ -18,10 +18,11 @@ one. Any OSError of the cache (read-only home, full disk) is logged and the toke
 from __future__ import annotations
 
 import hashlib
-from array import array
+import importlib.metadata
 import logging
 import marshal
 import sys
+from array import array
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -40,13 +41,23 @@ _SOURCES = ("tokenizer.py", "fim_tokens.py", "tokenizer_cache.py")  # the code w
 _code_digest: Optional[bytes] = None
 
 
+def _dist_version() -> str:
+    try:
+        return importlib.metadata.version("pyserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _code() -> bytes:
     global _code_digest
     if _code_digest is None:
         h = hashlib.sha256(f"{tokenizers.__version__} {sys.version_info[:2]} {marshal.version}".encode())
         here = Path(__file__).resolve().parent
         for name in _SOURCES:
-            h.update((here / name).read_bytes())
+            try:
+                h.update((here / name).read_bytes())
+            except OSError:  # installed without its sources (only .pyc): the distribution's version stands in
+                h.update(f"{name} {_dist_version()}".encode())
         _code_digest = h.digest()
     return _code_digest
 
@@ -57,7 +68,9 @@ def _value_bytes(v: Any) -> bytes:
     if isinstance(v, list) and v:  # GGUF arrays hold one type
         try:
             if type(v[0]) is str:
-                return b"s%d:" % len(v) + "\0".join(v).encode("utf-8", "surrogatepass")
+                text = "\0".join(v)
+                if text.count("\0") == len(v) - 1:  # no string holds a NUL: the joined text splits one way only
+                    return b"s%d:" % len(v) + text.encode("utf-8", "surrogatepass")
             if type(v[0]) in (int, float):
                 code = "q" if type(v[0]) is int else "d"
                 return code.encode() + b"%d:" % len(v) + array(code, v).tobytes()
