@@ -262,10 +262,10 @@ EngineConfig config_from_py(const py::kwargs& kw) {
   return cfg.cast<EngineConfig>();
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& path, const py::kwargs& kw) {
+std::unique_ptr<Engine> make_engine(const std::string& path, bool calibrate, const py::kwargs& kw) {
   const EngineConfig c = config_from_py(kw);
   py::gil_scoped_release nogil;
-  return std::make_unique<Engine>(path, c);
+  return std::make_unique<Engine>(path, c, calibrate);
 }
 
 // The model file's hyper-parameters and the KV geometry an engine with these options would give it, from
@@ -502,8 +502,18 @@ void bind_engine(py::module_& m) {
   bind_step_output(m);
   py::class_<Engine> engine(m, "Engine");
   engine
-      .def(py::init(&make_engine), py::arg("path"),
-           "Engine(path, **options): options named as EngineConfig's fields (unknown: TypeError)")
+      .def(py::init(&make_engine), py::arg("path"), py::kw_only(), py::arg("calibrate") = true,
+           "Engine(path, *, calibrate=True, **options): options named as EngineConfig's fields (unknown: "
+           "TypeError); calibrate=False: the timed scratch forwards wait for calibrate(); releases the GIL")
+      .def("calibrate", &Engine::calibrate_costs, py::call_guard<py::gil_scoped_release>(),
+           "the load's step-cost calibration, if the constructor was told not to run it (once, before the "
+           "first step; a no-op otherwise); releases the GIL")
+      .def("seed_costs", &Engine::seed_costs, py::arg("step_weights"), py::arg("row_costs"),
+           "instead of calibrate(): a past calibration's figures (calibration()); ValueError if they do not fit")
+      .def("calibration", [](const Engine& e) {
+        auto c = e.calibration();
+        return py::dict(py::arg("step_weights") = c.first, py::arg("row_costs") = c.second);
+      }, "-> {step_weights: [floor s, s per GMAC] or [], row_costs: [0, T(1), ...] or []}")
       .def_property_readonly("hparams", [](const Engine& e) { return hparams_dict(e.hparams()); })
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly("max_model_len", [](const Engine& e) {

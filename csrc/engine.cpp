@@ -97,7 +97,7 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   return g;
 }
 
-Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
+Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate) : cfg_(cfg) {
   file_ = std::make_shared<GGUFFile>(path);
   model_ = std::make_unique<Model>(file_);
   const HParams& hp = model_->hparams();
@@ -119,6 +119,48 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
     live_ids_.erase(id);
   });
   cost_ = StepCostModel(step_macs(hp));
+  if (calibrate) calibrate_costs();
+  snapshot_stats();
+  int64_t eos = file_->get_int("tokenizer.ggml.eos_token_id", -1);
+  if (eos >= 0) eos_ids_.push_back((int32_t)eos);
+}
+
+void Engine::seed_costs(const std::vector<double>& step_weights, const std::vector<double>& row_costs) {
+  if (calibrated_ || steps_ > 0) throw std::invalid_argument("seed_costs: the engine is calibrated already");
+  const bool itl = cfg_.target_itl > 0, spec = cfg_.speculative_ngram > 0;
+  const size_t rows = spec ? (size_t)std::min({scheduler_->config().spec_rows, cfg_.n_ctx,
+                                               cfg_.num_kv_blocks * cfg_.block_size}) + 1 : 0;
+  if (step_weights.size() != (itl ? 2u : 0u) || row_costs.size() != rows)
+    throw std::invalid_argument("seed_costs: step_weights or row_costs do not fit these options");
+  for (double w : step_weights)
+    if (!(w >= 0) || !std::isfinite(w)) throw std::invalid_argument("seed_costs: a step weight is not >= 0");
+  for (size_t r = 0; r < row_costs.size(); r++)
+    if (!std::isfinite(row_costs[r]) || (r == 0 ? row_costs[r] != 0.0 : !(row_costs[r] >= row_costs[r - 1])))
+      throw std::invalid_argument("seed_costs: row_costs must be [0, T(1), ...] not decreasing");
+  calibrated_ = true;
+  if (itl) {
+    cost_.set_weights(step_weights[0], step_weights[1]);
+    scheduler_->set_step_target(cfg_.target_itl, &cost_);
+  }
+  if (spec) {
+    row_costs_.seconds = row_costs;
+    scheduler_->set_row_costs(&row_costs_);
+  }
+  snapshot_stats();
+}
+
+std::pair<std::vector<double>, std::vector<double>> Engine::calibration() const {
+  std::vector<double> w;
+  if (cfg_.target_itl > 0) {
+    const auto a = cost_.weights();
+    w = {a[0], a[1]};
+  }
+  return {w, cfg_.speculative_ngram > 0 ? row_costs_.seconds : std::vector<double>{}};
+}
+
+void Engine::calibrate_costs() {
+  if (calibrated_ || steps_ > 0) return;
+  calibrated_ = true;
   if (cfg_.target_itl > 0) {
     calibrate();
     scheduler_->set_step_target(cfg_.target_itl, &cost_);
@@ -128,8 +170,6 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg) : cfg_(cfg) {
     scheduler_->set_row_costs(&row_costs_);
   }
   snapshot_stats();
-  int64_t eos = file_->get_int("tokenizer.ggml.eos_token_id", -1);
-  if (eos >= 0) eos_ids_.push_back((int32_t)eos);
 }
 
 Engine::~Engine() = default;

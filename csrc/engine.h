@@ -134,8 +134,20 @@ constexpr std::array<double, 14> kStepBuckets = {0.005, 0.0075, 0.01, 0.015, 0.0
 
 class Engine {
  public:
-  // Loads the model. Throws GGUFError / ModelError with the file and what is wrong.
-  Engine(const std::string& path, const EngineConfig& cfg);
+  // Loads the model. Throws GGUFError / ModelError with the file and what is wrong. calibrate=false leaves
+  // the step-cost calibration (a second of scratch forwards) to a later calibrate(): a loader can then do
+  // other work beside the weights' load without that work skewing (and slowing) the timed forwards.
+  Engine(const std::string& path, const EngineConfig& cfg, bool calibrate = true);
+  // The load's timed scratch forwards (target_itl > 0: the step-cost model; speculative_ngram > 0: the row
+  // costs). The constructor runs it unless told not to; once, before the first step (no-op afterwards).
+  void calibrate_costs();
+  // Instead of calibrate_costs: the figures a past calibration of the same model, options and machine gave
+  // (calibration()), refitted on every step as measured ones are. Throws std::invalid_argument (nothing set)
+  // when they do not fit these options: step_weights [floor s, s per GMAC] (target_itl > 0, else empty),
+  // row_costs as RowCosts::seconds (speculative_ngram > 0, else empty).
+  void seed_costs(const std::vector<double>& step_weights, const std::vector<double>& row_costs);
+  // What calibrate_costs measured (or seed_costs set): {step_weights, row_costs}, each empty where off.
+  std::pair<std::vector<double>, std::vector<double>> calibration() const;
   ~Engine();
 
   const HParams& hparams() const { return model_->hparams(); }
@@ -226,6 +238,7 @@ class Engine {
   std::vector<ScoreScratch> score_scratch_;    // per thread
   uint64_t steps_ = 0, tokens_computed_ = 0;
   StepCostModel cost_;
+  bool calibrated_ = false;                    // calibrate_costs ran (or the constructor ran it)
   bool follow_row_costs_ = true;               // false once set_row_costs fixed them
   RowCosts row_costs_;                         // with speculative decoding: what steps of 1 … 8 rows take
   double last_step_s_ = 0.0;

@@ -232,6 +232,10 @@ class AsyncLLM:
 
         await trio.to_thread.run_sync(stop_and_settle)
 
+    def load_summary(self) -> str:
+        """LLM.load_summary: the load's phases, for a log line."""
+        return self.llm.load_summary()
+
     def stats(self) -> dict:
         """The engine's counters (running, waiting, blocks_total, blocks_used, preemptions, steps,
         tokens_computed) as of its last step, plus `streams`: generate() and embed() calls not yet finished here."""

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
@@ -44,7 +44,7 @@ from .fim_tokens import FimTokens, read_fim_tokens
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Tokenizer", "SUPPORTED_MODELS"]
+__all__ = ["Tokenizer", "SUPPORTED_MODELS", "read_parts"]
 
 SUPPORTED_MODELS = ("llama", "gpt2", "gemma4")
 
@@ -249,28 +249,17 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
         """The tokenizer of a GGUF's ``tokenizer.ggml.*`` metadata, read as llama.cpp's vocab loader does."""
-        model = _get(meta, "tokenizer.ggml.model")
-        if model not in SUPPORTED_MODELS:
-            raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: {', '.join(SUPPORTED_MODELS)}")
-        tokens, types, token_to_id = _read_tokens(meta)
-        pre = _get(meta, "tokenizer.ggml.pre")
-        specials = _read_specials(meta, model, pre, len(tokens))
-        fim = read_fim_tokens(meta, token_to_id)
-        eos_ids = _eog_ids(specials, types, token_to_id, fim.end_ids())
-        attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types]
-        _force_control(attrs, types, token_to_id, (specials.eot_id, specials.eom_id, *fim.ids()))
-        merges = _get(meta, "tokenizer.ggml.merges", [])
-        if model == "llama":
-            hf = _build_spm(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, specials.unk_id,
-                            specials.add_space_prefix)
-        elif model == "gemma4":
-            hf = _build_spm_bpe(token_to_id, merges, model)
-        else:
-            hf = _build_bpe(token_to_id, merges, pre)
-        piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes if model == "gpt2" else _spm_normal_bytes)
-        _add_special_tokens(hf, tokens, attrs, _rstrip_ids(meta, attrs, token_to_id))
-        return cls(hf=hf, model=model, pre=pre, tokens=tokens, attrs=attrs, piece_bytes=piece_bytes,
-                   specials=specials, eos_ids=eos_ids, fim=fim)
+        return cls.from_parts(read_parts(meta))
+
+    @classmethod
+    def from_parts(cls, parts: Mapping[str, Any]) -> "Tokenizer":
+        """The tokenizer of ``read_parts``'s plain values (what tokenizer_cache.py stores)."""
+        tokens, attrs = parts["tokens"], parts["attrs"]
+        hf = _hf_from_recipe(_Recipe(*parts["recipe"]), {t: i for i, t in enumerate(tokens)})
+        _add_special_tokens(hf, tokens, attrs, set(parts["rstrip_ids"]))
+        return cls(hf=hf, model=parts["model"], pre=parts["pre"], tokens=tokens, attrs=attrs,
+                   piece_bytes=parts["piece_bytes"], specials=_Specials(*parts["specials"]),
+                   eos_ids=tuple(parts["eos_ids"]), fim=FimTokens(*parts["fim"]))
 
     # ------------------------------------------------------------------------------ encode
 
@@ -375,6 +364,33 @@ class _Specials:
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
+
+
+def read_parts(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything a Tokenizer is made of, derived from the metadata, as plain values (str, int, bytes, lists,
+    tuples: ``marshal`` can store them); the `tokenizers` object itself is built from them by ``from_parts``."""
+    model = _get(meta, "tokenizer.ggml.model")
+    if model not in SUPPORTED_MODELS:
+        raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: {', '.join(SUPPORTED_MODELS)}")
+    tokens, types, token_to_id = _read_tokens(meta)
+    pre = _get(meta, "tokenizer.ggml.pre")
+    specials = _read_specials(meta, model, pre, len(tokens))
+    fim = read_fim_tokens(meta, token_to_id)
+    eos_ids = _eog_ids(specials, types, token_to_id, fim.end_ids())
+    attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types]
+    _force_control(attrs, types, token_to_id, (specials.eot_id, specials.eom_id, *fim.ids()))
+    merges = _get(meta, "tokenizer.ggml.merges", [])
+    if model == "llama":
+        recipe = _spm_recipe(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, specials.unk_id,
+                             specials.add_space_prefix)
+    elif model == "gemma4":
+        recipe = _Recipe("spm_bpe", _read_merges(token_to_id, merges, model), True)
+    else:
+        recipe = _bpe_recipe(token_to_id, merges, pre)
+    piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes if model == "gpt2" else _spm_normal_bytes)
+    return {"model": model, "pre": pre, "tokens": tokens, "attrs": attrs, "piece_bytes": piece_bytes,
+            "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim), "recipe": tuple(recipe),
+            "rstrip_ids": sorted(_rstrip_ids(meta, attrs, token_to_id))}
 
 
 def _read_tokens(meta: Mapping[str, Any]) -> tuple[list[str], list[int], dict[str, int]]:
@@ -533,8 +549,20 @@ def _byte_token_value(text: str) -> bytes:
     return text.encode("utf-8")
 
 
-def _build_spm(tokens: list[str], types: list[int], scores: Sequence[float] | None, token_to_id: dict[str, int],
-               unk_id: int | None, add_space_prefix: bool) -> _HFTokenizer:
+class _Recipe(NamedTuple):
+    """What the `tokenizers` object is built from; the merges are the costly part to derive (SPM: ~0.5 M for
+    Gemma 3's 262k tokens). kind: "spm" (merges from the scores), "spm_bpe" (gemma4) or "bpe" (byte-level)."""
+    kind: str
+    merges: list  # [(left, right)] in rank order
+    byte_fallback: bool = False  # to the <0xNN> tokens
+    unk_token: str | None = None
+    add_space_prefix: bool = False  # spm: a leading ▁ on each stretch of text
+    family: str = ""  # bpe: the pre-tokenizer family (_PRE_REGEXES)
+    ignore_merges: bool = False  # bpe: a word that is a token is not merged
+
+
+def _spm_recipe(tokens: list[str], types: list[int], scores: Sequence[float] | None, token_to_id: dict[str, int],
+                unk_id: int | None, add_space_prefix: bool) -> _Recipe:
     """SentencePiece BPE as a `tokenizers` BPE: merges derived from the scores.
 
     Every split of a normal token into two normal tokens is a merge; merges are ranked by the
@@ -553,15 +581,7 @@ def _build_spm(tokens: list[str], types: list[int], scores: Sequence[float] | No
     order = sorted(range(len(cand)), key=neg_scores.__getitem__)  # stable: ties keep id order
     merges = [(t[:k], t[k:]) for j in order if splits[j] for t in (tokens[cand[j]],) for k in splits[j]]
     has_bytes = all(f"<0x{b:02X}>" in token_to_id for b in range(256))
-    bpe = models.BPE(vocab=token_to_id, merges=merges, byte_fallback=has_bytes,
-                     unk_token=tokens[unk_id] if unk_id is not None else None)
-    hf = _HFTokenizer(bpe)
-    steps = []
-    if add_space_prefix:
-        steps.append(normalizers.Prepend(_SPACE_MARK))
-    steps.append(normalizers.Replace(" ", _SPACE_MARK))
-    hf.normalizer = normalizers.Sequence(steps)
-    return hf
+    return _Recipe("spm", merges, has_bytes, tokens[unk_id] if unk_id is not None else None, add_space_prefix)
 
 
 def _read_merges(token_to_id: Mapping[str, int], merges_raw: Sequence[str], model: str) -> list[tuple[str, str]]:
@@ -583,17 +603,7 @@ def _read_merges(token_to_id: Mapping[str, int], merges_raw: Sequence[str], mode
     return merges
 
 
-def _build_spm_bpe(token_to_id: dict[str, int], merges_raw: Sequence[str], model: str) -> _HFTokenizer:
-    """SentencePiece-style BPE from the file's merges (gemma4): ``▁`` for spaces, split only at newline
-    runs, byte fallback to ``<0xNN>``."""
-    bpe = models.BPE(vocab=token_to_id, merges=_read_merges(token_to_id, merges_raw, model), byte_fallback=True)
-    hf = _HFTokenizer(bpe)
-    hf.normalizer = normalizers.Replace(" ", _SPACE_MARK)
-    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
-    return hf
-
-
-def _build_bpe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str | None) -> _HFTokenizer:
+def _bpe_recipe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str | None) -> _Recipe:
     """Byte-level BPE (GPT-2 style) with llama.cpp's pre-tokenizer regexes for ``pre``."""
     merges = _read_merges(token_to_id, merges_raw, "gpt2")
     fam = _PRE_TABLE.get(pre) if pre else None
@@ -606,11 +616,27 @@ def _build_bpe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str 
             logger.warning("tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer")
             fam = _PRE_TABLE["default"]
     family, ignore_merges, _ = fam
-    bpe = models.BPE(vocab=token_to_id, merges=merges, ignore_merges=ignore_merges)
-    hf = _HFTokenizer(bpe)
-    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in _PRE_REGEXES[family]]
-    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-    hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    return _Recipe("bpe", merges, family=family, ignore_merges=ignore_merges)
+
+
+def _hf_from_recipe(r: _Recipe, token_to_id: dict[str, int]) -> _HFTokenizer:
+    """The `tokenizers` object of a recipe: spm (``▁`` for spaces, optional space prefix, byte fallback),
+    spm_bpe (gemma4: ``▁`` for spaces, split only at newline runs, byte fallback) or byte-level bpe."""
+    if r.kind == "bpe":
+        hf = _HFTokenizer(models.BPE(vocab=token_to_id, merges=r.merges, ignore_merges=r.ignore_merges))
+        steps = [pre_tokenizers.Split(Regex(x), behavior="isolated", invert=False) for x in _PRE_REGEXES[r.family]]
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
+        return hf
+    hf = _HFTokenizer(models.BPE(vocab=token_to_id, merges=r.merges, byte_fallback=r.byte_fallback,
+                                 unk_token=r.unk_token))
+    if r.kind == "spm_bpe":
+        hf.normalizer = normalizers.Replace(" ", _SPACE_MARK)
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+        return hf
+    steps = [normalizers.Prepend(_SPACE_MARK)] if r.add_space_prefix else []
+    steps.append(normalizers.Replace(" ", _SPACE_MARK))
+    hf.normalizer = normalizers.Sequence(steps)
     return hf
 
 

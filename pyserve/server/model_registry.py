@@ -320,7 +320,9 @@ class ModelRegistry:
         name = m.spec.name
         async with AsyncLLM.open(m.spec.path, options=self.catalog.options(m.spec)) as engine:
             m.engine = engine
+            t_open = trio.current_time()
             m.serving = await trio.to_thread.run_sync(self._build, engine, m.spec)
+            t_built = trio.current_time()
             await trio.to_thread.run_sync(_give_back_memory)  # what the load built and dropped (tables, copies)
             self.metrics.serve_model(name, engine.stats)
             m.state, m.last_used = READY, trio.current_time()
@@ -329,7 +331,8 @@ class ModelRegistry:
             self._loads.labels(name).inc()
             self._loaded.labels(name).set(1)
             self._load_time.labels(name).observe(trio.current_time() - t0)
-            log.info("model %s loaded in %.2f s", name, trio.current_time() - t0)
+            log.info("model %s loaded in %.2f s (%s; open %.2f s, serving tables %.2f s)", name,
+                     trio.current_time() - t0, engine.load_summary(), t_open - t0, t_built - t_open)
             try:
                 await m.unload.wait()
             finally:

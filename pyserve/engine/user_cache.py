@@ -1,0 +1,38 @@
+"""pyserve's folder in the user's cache, and atomic writes into it (tokenizer_cache.py, model_source.py).
+
+``$PYSERVE_CACHE_DIR`` if set ("off": no cache at all), else ``$XDG_CACHE_HOME/pyserve``, else
+``~/.cache/pyserve``. Everything in it can be deleted at any time: it is rebuilt on the next load.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["ENV", "cache_dir", "write_atomic"]
+
+ENV = "PYSERVE_CACHE_DIR"
+
+
+def cache_dir() -> Optional[Path]:
+    """pyserve's cache folder (None: caching is off)."""
+    v = os.environ.get(ENV)
+    if v:
+        return None if v.lower() == "off" else Path(v).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "pyserve"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Writes `data` to a temporary file beside `path`, then renames it into place: a reader sees the old
+    file or the new one, never half of one. Raises OSError (the temporary file removed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
