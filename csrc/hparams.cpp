@@ -370,7 +370,8 @@ void read_delta_net(const GGUFFile& f, const std::string& a, HParams& hp) {
 
 std::vector<int> HParams::kv_widths() const {
   std::vector<int> w(n_layer);
-  for (int il = 0; il < n_layer; il++) w[il] = kv_layer(il) == il ? layer_kv_dim(il) : 0;
+  for (int il = 0; il < n_layer; il++)  // a shared-KV layer reads another's; a DeltaNet layer keeps no K/V
+    w[il] = kv_layer(il) == il && !dn.recurrent(il) ? layer_kv_dim(il) : 0;
   return w;
 }
 

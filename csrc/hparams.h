@@ -108,7 +108,7 @@ struct HParams {
   int layer_kv_dim(int il) const { return layer_n_head_kv(il) * layer_head_dim(il); }
   // The layer whose K/V layer il attends over: itself, or (a shared-KV layer) the last owning layer of its kind.
   int kv_layer(int il) const { return n_layer_kv <= 0 || il < n_layer_kv ? il : n_layer_kv - (is_local(il) ? 2 : 1); }
-  std::vector<int> kv_widths() const;  // [n_layer] K (and V) floats per token slot of each layer, 0: shared
+  std::vector<int> kv_widths() const;  // [n_layer] K (and V) floats per token slot of each layer, 0: shared or DeltaNet
   int max_head_dim() const { return std::max(head_dim, head_dim_swa); }
   float attn_temperature(int pos) const {
     return attn_temp_scale == 0.f ? 1.f : 1.f + attn_temp_scale * std::log(std::floor((float)pos / attn_temp_floor) + 1.f);

@@ -94,7 +94,6 @@ void Model::load_weights() {
   for (int il = 0; il < hp_.n_layer; il++) {
     LayerWeights& L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
-    const int hd = hp_.layer_head_dim(il), qd = hp_.n_head * hd, kvd = hp_.layer_kv_dim(il);
     if (spec_->pre_norms) {
       L.attn_norm = vec(p + "attn_norm.weight", E);
       L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
