@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gguf_vocab import load_gguf_metadata, read_vectors, vocab_meta, vocab_tokenizer
+import pyserve
 from pyserve import _engine
 from pyserve.engine import model_source
 from pyserve.engine.calibration_cache import calibrate
@@ -122,8 +123,10 @@ def test_key_follows_the_vocabulary(tmp_path):
     # the same in another process (marshal's output would not be: it depends on reference counts)
     code = ("import sys; sys.path[:0] = sys.argv[1:3]; from gguf_vocab import vocab_meta; "
             "from pyserve.engine.tokenizer_cache import vocab_key; print(vocab_key(vocab_meta('llama-spm')))")
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(ROOT)], capture_output=True,
-                         text=True, check=True, cwd=ROOT)
+    # the pyserve this run imports (the installed one in CI, the checkout in place), never the bare sources
+    home = Path(pyserve.__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(home)], capture_output=True,
+                         text=True, check=True, cwd=ROOT / "tests")
     assert out.stdout.strip() == key
 
 
