@@ -531,8 +531,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     n_ff, n_layer = cfg["n_ff"], cfg["n_layer"]
     moe_cfg = moe_config(arch, qtype, moe)
 
-    tokens, types, merges, bos, eos = tokenizer_vocab()
-    n_vocab = len(vocab["tokenizer.ggml.tokens"]) if vocab else len(tokens)
+    n_vocab = len((vocab or default_vocab())["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
 
     def mat(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
@@ -663,11 +662,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_file_type(FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    _write_vocab(w, vocab or {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-                              "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-                              "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": bos,
-                              "tokenizer.ggml.eos_token_id": eos, "tokenizer.ggml.add_bos_token": True,
-                              "tokenizer.ggml.add_eos_token": False})
+    _write_vocab(w, vocab or default_vocab())
     if chat_template is not None:
         w.add_chat_template(chat_template)
     if rerank:
@@ -686,6 +681,15 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def default_vocab() -> dict:
+    """The test models' own byte-level BPE vocabulary (tokenizer_vocab) as GGUF tokenizer metadata."""
+    tokens, types, merges, bos, eos = tokenizer_vocab()
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": bos,
+            "tokenizer.ggml.eos_token_id": eos, "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_eos_token": False}
 
 
 def _write_vocab(w: GGUFWriter, vocab: Mapping[str, Any]) -> None:
@@ -746,3 +750,24 @@ def write_all_types_gguf(path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def assert_decode_is_prefill_argmax(eng, prompts: list, n_new: int) -> None:
+    """Greedy decoding (one token a step, K/V read back from the paged cache, the prompts batched) picks what
+    one prefill of the whole text would: the argmax of its logits at each position, and the same tokens alone
+    as batched. `eng`: an engine with nothing running."""
+    def run(ids: list) -> dict:
+        for i, p in enumerate(ids):
+            eng.add(f"r{i}", prompts[p], {"temperature": 0.0}, n_new, True)
+        out: dict = {}
+        while eng.has_work():
+            for o in eng.step():
+                out.setdefault(ids[int(o.request_id[1:])], []).append(o.token)
+        return out
+
+    every = list(range(len(prompts)))
+    batched, alone = run(every), {p: run([p])[p] for p in every}
+    assert batched == alone
+    for p, gen in batched.items():
+        text = prompts[p] + gen
+        assert eng.prompt_logits(text[:-1])[len(prompts[p]) - 1:].argmax(axis=1).tolist() == gen

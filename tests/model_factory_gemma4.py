@@ -163,8 +163,7 @@ def write_gemma4(path: str | os.PathLike, *, qtype: Any, seed: int, tied: bool, 
 
     kq = bool(mf._all_qtypes(qtype) & set(mf.BLOCK_256))
     d = gemma4_dims(kq, opts)
-    tokens, types, merges, bos, eos = mf.tokenizer_vocab()
-    n_vocab = len(vocab["tokenizer.ggml.tokens"]) if vocab else len(tokens)
+    n_vocab = len((vocab or mf.default_vocab())["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
     tensors = [(n, t[:-1] if n == d["bad_tensor"] else t, r) for n, t, r in _tensors(d, rng, n_vocab)]
     if not tied:
@@ -180,11 +179,7 @@ def write_gemma4(path: str | os.PathLike, *, qtype: Any, seed: int, tied: bool, 
     if isinstance(qtype, str) and qtype in mf.FILE_TYPES:
         w.add_file_type(mf.FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    mf._write_vocab(w, vocab or {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-                                 "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-                                 "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": bos,
-                                 "tokenizer.ggml.eos_token_id": eos, "tokenizer.ggml.add_bos_token": True,
-                                 "tokenizer.ggml.add_eos_token": False})
+    mf._write_vocab(w, vocab or mf.default_vocab())
     if chat_template is not None:
         w.add_chat_template(chat_template)
     for tname, data, role in tensors:

@@ -215,19 +215,6 @@ def test_decoding_through_the_kv_cache_gives_the_prefills_tokens(model_dir, arch
     path = tm.write_test_model(model_dir / f"{arch}-decode.gguf", arch, qtype="Q8_0")
     eng = _engine.Engine(str(path), n_threads=1, block_size=4)
     prompts = [_tokens(7, 5), _tokens(12, 6)]
+    tm.assert_decode_is_prefill_argmax(eng, prompts, 10)
 
-    def run(ids: list) -> dict:
-        for i, p in enumerate(ids):
-            eng.add(f"r{i}", prompts[p], {"temperature": 0.0}, 10, True)
-        out: dict = {}
-        while eng.has_work():
-            for o in eng.step():
-                out.setdefault(ids[int(o.request_id[1:])], []).append(o.token)
-        return out
 
-    batched, alone = run([0, 1]), {p: run([p])[p] for p in (0, 1)}
-    assert batched == alone
-    for p, gen in batched.items():
-        text = prompts[p] + gen
-        logits = eng.prompt_logits(text[:-1])
-        assert logits[len(prompts[p]) - 1:].argmax(axis=1).tolist() == gen

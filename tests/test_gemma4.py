@@ -92,21 +92,7 @@ def test_decoding_through_the_paged_cache_gives_the_prefills_tokens(tmp_path, kw
     path = tm.write_test_model(tmp_path / "g4.gguf", "gemma4", qtype="Q8_0", **kw)
     eng = _engine.Engine(str(path), n_threads=1, block_size=4)
     prompts = [TOKS[:7], TOKS[3:15]]
-
-    def run(ids: list) -> dict:
-        for i, p in enumerate(ids):
-            eng.add(f"r{i}", prompts[p], {"temperature": 0.0}, 12, True)
-        out: dict = {}
-        while eng.has_work():
-            for o in eng.step():
-                out.setdefault(ids[int(o.request_id[1:])], []).append(o.token)
-        return out
-
-    batched, alone = run([0, 1]), {p: run([p])[p] for p in (0, 1)}
-    assert batched == alone
-    for p, gen in batched.items():
-        text = prompts[p] + gen
-        assert eng.prompt_logits(text[:-1])[len(prompts[p]) - 1:].argmax(axis=1).tolist() == gen
+    tm.assert_decode_is_prefill_argmax(eng, prompts, 12)
 
 
 def test_the_kv_cache_holds_each_layers_own_width_and_nothing_for_shared_layers(tmp_path):
