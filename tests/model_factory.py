@@ -3,7 +3,7 @@
     from model_factory import write_test_model
     path = write_test_model(tmp_path / "m.gguf", "llama", qtype="Q4_K", rope_freqs=True, tied=False)
 
-``write_test_model(path, arch, *, qtype="F32", rope_freqs=False, tied=True, seed=0, ...)`` writes a
+``write_test_model(path, arch, *, qtype="F32", rope_freqs=False, tied=None, seed=0, ...)`` writes a
 complete model with the real tensor names and metadata keys of llama.cpp, random weights scaled so
 that the activations stay of order 1, and a tiny byte-level BPE tokenizer (tokenizer.ggml.model
 "gpt2", pre "gpt-2": the 256 GPT-2 byte symbols in bytes_to_unicode order, a few merged tokens, then
@@ -63,6 +63,7 @@ QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
          "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS
 GEMMAS = ("gemma2", "gemma3")
+UNTIED_ARCHS = ("olmo2", "gpt-oss")
 MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -490,7 +491,7 @@ def _write_rerank_keys(w: GGUFWriter, template: str | None) -> None:
 
 
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
-                     tied: bool = True, seed: int = 0, biases: bool | None = None,
+                     tied: bool | None = None, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
                      rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
                      vocab: Mapping[str, Any] | None = None, **dims: Any) -> Path:
@@ -508,11 +509,14 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
     if arch == "gemma4":  # its own shapes and options: model_factory_gemma4.py
+        tied = True if tied is None else tied
         from model_factory_gemma4 import write_gemma4
         if rope_freqs or biases or moe or rerank:
             raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank")
         return write_gemma4(path, qtype=qtype, seed=seed, tied=tied, name=name, chat_template=chat_template,
                             vocab=vocab, **dims)
+    if tied is None:  # llama.cpp requires output.weight of these (their real files are untied)
+        tied = arch not in UNTIED_ARCHS
     if rope_freqs and arch != "llama":
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:
@@ -530,6 +534,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     n_embd, n_head, n_head_kv, hd = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
     n_ff, n_layer = cfg["n_ff"], cfg["n_layer"]
     moe_cfg = moe_config(arch, qtype, moe)
+    if arch == "llama" and moe_cfg and "n_ff" not in (moe or {}):  # Mixtral: experts as wide as the FFN (no key)
+        moe_cfg["n_ff"] = n_ff
 
     n_vocab = len((vocab or default_vocab())["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
@@ -555,7 +561,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         emb_std /= cfg["embedding_scale"]
         out_norm_scale = cfg["embedding_scale"] * cfg["logit_scale"]
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
-    for il in range(n_layer):
+    for il in range(n_layer + (arch == "glm4moe")):  # GLM's NextN block: a whole layer, then its own tensors
         p = f"blk.{il}."
         if arch in hybrid.ARCHS:
             hybrid.add_layer(add, rng, mat, norm, il, cfg)
@@ -607,12 +613,10 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
             add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
         if arch in GEMMAS + ("olmo2",):
             add(p + "post_ffw_norm.weight", norm(n_embd))
-    if arch == "glm4moe":  # a NextN (multi-token prediction) block after the model's layers, as GLM files carry
-        p = f"blk.{n_layer}."
-        add(p + "nextn.eh_proj.weight", mat(n_embd, 2 * n_embd), "attn_q")
-        for part in ("enorm", "hnorm", "shared_head_norm"):
-            add(p + f"nextn.{part}.weight", norm(n_embd))
-        add(p + "attn_norm.weight", norm(n_embd))
+        if il == n_layer:  # the NextN (multi-token prediction) block's own tensors, as GLM files carry
+            add(p + "nextn.eh_proj.weight", mat(n_embd, 2 * n_embd), "attn_q")
+            for part in ("enorm", "hnorm", "shared_head_norm"):
+                add(p + f"nextn.{part}.weight", norm(n_embd))
     add("output_norm.weight", out_norm_scale * norm(n_embd))
     if not tied:
         add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
