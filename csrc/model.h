@@ -67,7 +67,8 @@ class Model {
   // (the final-norm states: the output projection's input). Every token id must be in the vocabulary: the
   // engine checks them before (Engine::check for requests, prompt_logits for its tokens). A hybrid model
   // (hparams().dn has recurrent layers) reads and advances each token's state slot (batch.slots) in `states`,
-  // copying it into batch.snapshots' slots where given: without slots it throws std::logic_error. A sequence's tokens are consecutive and in order in the batch.
+  // copying it into batch.snapshots' slots where given: without slots it throws std::logic_error. A
+  // sequence's tokens are consecutive and in order in the batch.
   void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
                std::vector<float>* hidden = nullptr, RecurrentStatePool* states = nullptr);
   // The output projection of R final-norm states hidden[R × n_embd] into logits[R × n_vocab]: the same bits
