@@ -1,6 +1,7 @@
 #include "delta_net.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace pyserve {
 
@@ -25,8 +26,8 @@ void l2_norm(float* x, int n, float eps) {
 }  // namespace
 
 void DeltaNet::forward(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, const float* h,
-                       int64_t T, const std::vector<int32_t>& slots, RecurrentStatePool& states, int rl, float* out,
-                       ActBuffer& act) {
+                       int64_t T, StateSlots slots, RecurrentStatePool& states, int rl, float* out, ActBuffer& act) {
+  const std::vector<int32_t>& st = slots.state;
   grow(qkv_, (size_t)T * p.conv_dim());
   grow(z_, (size_t)T * p.value_dim());
   grow(beta_, (size_t)T * p.n_v_heads);
@@ -35,22 +36,23 @@ void DeltaNet::forward(ThreadPool& pool, const DeltaNetParams& p, const DeltaNet
   runs_.clear();
   run_slot_.clear();
   for (int64_t t = 0; t < T; t++)
-    if (t == 0 || slots[t] != slots[t - 1]) runs_.push_back(t), run_slot_.push_back(slots[t]);
+    if (t == 0 || st[t] != st[t - 1]) runs_.push_back(t), run_slot_.push_back(st[t]);
   runs_.push_back(T);
   act_invalidate(act);
   matmul_group(pool, {{&w.qkv, qkv_.data()}, {&w.gate, z_.data()}, {&w.beta, beta_.data()}, {&w.alpha, g_.data()}},
                h, T, act);
-  conv(pool, p, w, states, rl);
+  conv(pool, p, w, states, rl, slots.snapshots);
   prepare(pool, p, w, eps, T);
-  recur(pool, p, states, rl);
+  recur(pool, p, states, rl, slots.snapshots);
   gated_norm(pool, p, w, eps, T);
   act_invalidate(act);
   matmul(pool, w.out, o_.data(), T, out, act);
 }
 
-// qkv_ ← SiLU(conv(qkv_)), per (run, channel); each run's conv state advanced past its tokens.
+// qkv_ ← SiLU(conv(qkv_)), per (run, channel); each run's conv state advanced past its tokens (and the
+// channel's column copied into token t's snapshot slot, if any).
 void DeltaNet::conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states,
-                    int rl) {
+                    int rl, const std::vector<int32_t>& snaps) {
   const int64_t C = p.conv_dim(), K = p.d_conv, n_runs = (int64_t)run_slot_.size();
   pool.parallel_for(n_runs * C, [&](int64_t item) {
     const int64_t r = item / C, c = item % C;
@@ -63,6 +65,10 @@ void DeltaNet::conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWei
       for (int64_t k = 0; k + 1 < K - 1; k++) st[k * C + c] = st[(k + 1) * C + c];
       if (K > 1) st[(K - 2) * C + c] = *x;
       *x = acc / (1.0f + std::exp(-acc));
+      if (!snaps.empty() && snaps[t] >= 0) {
+        float* snap = states.conv(snaps[t], rl);
+        for (int64_t k = 0; k < K - 1; k++) snap[k * C + c] = st[k * C + c];
+      }
     }
   }, INLINE_ROWS);
 }
@@ -82,8 +88,10 @@ void DeltaNet::prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNet
   }, INLINE_ROWS);
 }
 
-// The delta rule, token by token, per (run, value head); each row j of M: decay, correct, read out.
-void DeltaNet::recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl) {
+// The delta rule, token by token, per (run, value head); each row j of M: decay, correct, read out. The
+// head's M after token t is copied into token t's snapshot slot, if any.
+void DeltaNet::recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl,
+                     const std::vector<int32_t>& snaps) {
   const int64_t C = p.conv_dim(), Hv = p.n_v_heads, Sk = p.head_k, Sv = p.head_v, n_runs = (int64_t)run_slot_.size();
   const float scale = 1.0f / std::sqrt((float)Sk);
   pool.parallel_for(n_runs * Hv, [&](int64_t item) {
@@ -104,6 +112,8 @@ void DeltaNet::recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePo
         for (int64_t i = 0; i < Sk; i++) mq += (m[i] += d * k[i]) * q[i];
         o[j] = mq * scale;
       }
+      if (!snaps.empty() && snaps[t] >= 0)
+        std::memcpy(states.mat(snaps[t], rl) + hv * Sv * Sk, M, (size_t)(Sv * Sk) * sizeof(float));
     }
   });
 }

@@ -10,7 +10,8 @@
 // Both the conv's and the matrix state live in a RecurrentStatePool slot per sequence. The projections run
 // batched over the step's tokens; the recurrence is a per-token loop (not the chunkwise-parallel form), in
 // parallel over (sequence, value head) pairs, each row of M updated in one pass. A token's result depends
-// only on its sequence's earlier tokens: batch-invariant, and a prompt cut into chunks gives the same bits.
+// only on its sequence's earlier tokens: batch-invariant, and a prompt cut into chunks gives the same bits —
+// and the state copied after a step's j-th token of a sequence is the bits a step ending there leaves.
 #pragma once
 
 #include <cstdint>
@@ -48,18 +49,28 @@ struct DeltaNetWeights {
   std::vector<float> norm;     // [head_v] (ssm_norm)
 };
 
+// Where a step's tokens keep their state in the pool: token t's sequence's is slot state[t]; where snapshots
+// is not empty and snapshots[t] >= 0, slot snapshots[t] takes a copy of it once token t is in (speculation:
+// the state after a drafted row, to roll a rejected draft back to). Both [T].
+struct StateSlots {
+  const std::vector<int32_t>& state;
+  const std::vector<int32_t>& snapshots;  // or empty: none
+};
+
 class DeltaNet {
  public:
-  // out[T × n_embd] = the mixer of h[T × n_embd]. Token t's sequence state is slot slots[t] of `states`,
-  // recurrent layer rl: read and advanced. A sequence's tokens must be consecutive in the batch and in order.
+  // out[T × n_embd] = the mixer of h[T × n_embd]. Token t's sequence state is slot slots.state[t] of
+  // `states`, recurrent layer rl: read and advanced (and copied into slots.snapshots[t] where given). A
+  // sequence's tokens must be consecutive in the batch and in order.
   void forward(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, const float* h,
-               int64_t T, const std::vector<int32_t>& slots, RecurrentStatePool& states, int rl, float* out,
-               ActBuffer& act);
+               int64_t T, StateSlots slots, RecurrentStatePool& states, int rl, float* out, ActBuffer& act);
 
  private:
-  void conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states, int rl);
+  void conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states, int rl,
+            const std::vector<int32_t>& snaps);
   void prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
-  void recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl);
+  void recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl,
+             const std::vector<int32_t>& snaps);
   void gated_norm(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
 
   std::vector<int64_t> runs_;         // [n_runs + 1]: the first token of each sequence's run, then T

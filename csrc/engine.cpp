@@ -174,16 +174,16 @@ void Engine::calibrate_costs() {
 
 Engine::~Engine() = default;
 
-// A hybrid model: a recurrent state slot for each of the max_num_seqs seats, and with prefix caching, state
-// checkpoints at block boundaries (a hit resumes only where one is held: state_checkpoints.h), as many as a
-// quarter of the KV pool's bytes holds, between 1 and 2 · max_num_seqs. Speculative decoding is refused (a
-// rejected draft cannot be rolled back out of the state).
+// A hybrid model: a recurrent state slot for each of the max_num_seqs seats — and with speculation, one for
+// each row a step may draft (spec_rows - 1 in all: the state after each drafted row, so a rejected draft rolls
+// back; Sequence::draft_slots) — and with prefix caching, state checkpoints at block boundaries (a hit
+// resumes only where one is held: state_checkpoints.h), as many as a quarter of the KV pool's bytes holds,
+// between 1 and 2 · max_num_seqs.
 void Engine::init_recurrent(const HParams& hp) {
-  if (cfg_.speculative_ngram > 0)
-    throw std::invalid_argument("speculative_ngram (--speculative-ngram / --speculative-config) is not supported for '" +
-                                hp.arch + "': its recurrent layers' state cannot roll a rejected draft back");
   const DeltaNetParams& d = hp.dn;
-  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+  const int drafted = cfg_.speculative_ngram > 0 ? SchedulerConfig{}.spec_rows - 1 : 0;
+  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs + drafted, d.n_recurrent(), d.conv_floats(),
+                                                 d.mat_floats());
   if (!cfg_.enable_prefix_caching) return;
   const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), cfg_.block_size);
   const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
@@ -468,6 +468,7 @@ void Engine::build_batch(const Schedule& sched) {
       batch_.pos.push_back(p);
       batch_.tables.push_back(&seq->blocks.blocks);
       batch_.slots.push_back(seq->state_slot);
+      batch_.snapshots.push_back(i < (int)seq->draft_slots.size() ? seq->draft_slots[i] : -1);
     }
     const auto [first, end] = seq->rows_to_record(s.n_tokens);
     for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);

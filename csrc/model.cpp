@@ -372,7 +372,10 @@ void Model::delta_layer(int il, const Batch& b, ThreadPool& pool) {
   if (!states_ || b.slots.size() != b.size())
     throw std::logic_error("a hybrid model's forward needs a recurrent state slot for every token");
   pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
-  delta_net_.forward(pool, hp_.dn, L.dn, hp_.eps, h_.data(), T, b.slots, *states_, hp_.dn.index[il], o_.data(), act_);
+  if (!b.snapshots.empty() && b.snapshots.size() != b.size())
+    throw std::logic_error("a batch's snapshots must name a slot (or -1) for every token");
+  delta_net_.forward(pool, hp_.dn, L.dn, hp_.eps, h_.data(), T, {b.slots, b.snapshots}, *states_, hp_.dn.index[il],
+                     o_.data(), act_);
   ffn_block(il, b, pool);
 }
 

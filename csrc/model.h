@@ -40,8 +40,14 @@ struct Batch {
   std::vector<int32_t> logit_rows;                    // rows of [0, T) whose logits are wanted, in order
   std::vector<int32_t> hidden_rows;                   // rows whose final-norm hidden state is wanted, in order
   std::vector<int32_t> slots;                         // [T] recurrent state slot of each token's sequence (hybrids)
+  // [T] or empty (none): a slot that takes a copy of the token's sequence state once the token is in it (-1:
+  // none) — the state after each drafted row but the last, so a rejected draft rolls back (speculation)
+  std::vector<int32_t> snapshots;
   size_t size() const { return tokens.size(); }
-  void clear() { tokens.clear(); pos.clear(); tables.clear(); logit_rows.clear(); hidden_rows.clear(); slots.clear(); }
+  void clear() {
+    tokens.clear(), pos.clear(), tables.clear(), logit_rows.clear(), hidden_rows.clear(), slots.clear();
+    snapshots.clear();
+  }
 };
 
 class Model {
@@ -60,8 +66,9 @@ class Model {
   // then fills logits[logit_rows.size() × n_vocab] and, when given, hidden[hidden_rows.size() × n_embd]
   // (the final-norm states: the output projection's input). Every token id must be in the vocabulary: the
   // engine checks them before (Engine::check for requests, prompt_logits for its tokens). A hybrid model
-  // (hparams().dn has recurrent layers) reads and advances each token's state slot (batch.slots) in `states`:
-  // without them it throws std::logic_error. A sequence's tokens are consecutive and in order in the batch.
+  // (hparams().dn has recurrent layers) reads and advances each token's state slot (batch.slots) in `states`,
+  // copying it into batch.snapshots' slots where given: without slots it throws std::logic_error. A
+  // sequence's tokens are consecutive and in order in the batch.
   void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
                std::vector<float>* hidden = nullptr, RecurrentStatePool* states = nullptr);
   // The output projection of R final-norm states hidden[R × n_embd] into logits[R × n_vocab]: the same bits

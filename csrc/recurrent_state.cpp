@@ -21,12 +21,12 @@ RecurrentStatePool::RecurrentStatePool(int n_slots, int n_layers, int64_t conv_f
   for (int s = n_slots - 1; s >= 0; s--) free_.push_back(s);
 }
 
-int RecurrentStatePool::acquire() {
+int RecurrentStatePool::acquire(bool zeroed) {
   if (free_.empty()) return -1;
   const int s = free_.back();
   free_.pop_back();
   used_[s] = 1;
-  std::memset(slot(s), 0, (size_t)slot_floats_ * sizeof(float));
+  if (zeroed) std::memset(slot(s), 0, (size_t)slot_floats_ * sizeof(float));
   return s;
 }
 

@@ -6,6 +6,11 @@
 // The pool's size is fixed at construction (its own budget); memory is allocated untouched (calloc) and a
 // slot's pages become resident when first used. acquire() hands out a zeroed slot or -1 when none is free
 // (the scheduler admits nothing then); the accessors are unchecked beyond a debug assert.
+//
+// Speculative decoding takes slots from the same pool for the state after each drafted row but the last of a
+// step (Sequence::draft_slots), written by the forward (Batch::snapshots) and handed back at the step's
+// verification: the engine sizes the pool max_num_seqs + spec_rows - 1 then, since a step drafts at most
+// spec_rows - 1 rows in all.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +25,7 @@ class RecurrentStatePool {
   // n_slots slots, each with n_layers recurrent layers of conv_floats + mat_floats floats.
   RecurrentStatePool(int n_slots, int n_layers, int64_t conv_floats, int64_t mat_floats);
 
-  int acquire();               // a zeroed free slot, or -1
+  int acquire(bool zeroed = true);  // a free slot (zeroed, or as its last holder left it: to be overwritten), or -1
   void release(int slot);      // back to the free list (slot < 0: nothing)
   void copy(int src, int dst); // dst's state = src's (an n > 1 fork)
   // dst's state = other's slot src (a pool of the same layout: state checkpoints)

@@ -22,8 +22,10 @@ void Scheduler::release_states(Sequence* seq) {
   if (!states_) return;
   states_->release(seq->state_slot);
   for (int s : seq->spare_slots) states_->release(s);
+  for (int s : seq->draft_slots) states_->release(s);
   seq->state_slot = -1;
   seq->spare_slots.clear();
+  seq->draft_slots.clear();
 }
 
 bool Scheduler::take_states(Sequence* seq, int n) {
@@ -48,8 +50,23 @@ void Scheduler::preempt(Sequence* seq) {
 void Scheduler::computed(Sequence* seq, int n) {
   seq->n_computed += n;
   blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
-  if (checkpoints_ && seq->state_slot >= 0 && seq->n_computed % cfg_.block_size == 0)
-    checkpoints_->save(seq->tokens, seq->n_computed, *states_, seq->state_slot);
+  if (seq->draft_slots.empty()) checkpoint(seq, seq->n_computed, seq->state_slot);  // else: at its verification
+}
+
+void Scheduler::checkpoint(const Sequence* seq, int n_tokens, int slot) {
+  if (checkpoints_ && slot >= 0 && n_tokens % cfg_.block_size == 0)
+    checkpoints_->save(seq->tokens, n_tokens, *states_, slot);
+}
+
+// A drafted hybrid decode keeps `rows` of its step's rows (positions first, first + 1, …): the state after row
+// j is draft slot j's (the live slot's after the last row), checkpointed where a plain decode would have been,
+// and the live slot takes the state after the last row kept.
+void Scheduler::keep_drafted_state(Sequence* seq, int first, int rows) {
+  std::vector<int>& snaps = seq->draft_slots;
+  for (int j = 0; j < rows; j++) checkpoint(seq, first + j + 1, j < (int)snaps.size() ? snaps[j] : seq->state_slot);
+  if (rows - 1 < (int)snaps.size()) states_->copy(snaps[rows - 1], seq->state_slot);
+  for (int s : snaps) states_->release(s);
+  snaps.clear();
 }
 
 // A hybrid's prompt chunk that would run past its last full block's boundary (short of the last token) stops
@@ -67,8 +84,10 @@ int Scheduler::verified(Sequence* seq) {
   while (agreed < std::min<int>(drawn, (int)draft.size()) && draft[agreed] == seq->tokens[seq->n_computed + agreed])
     agreed++;
   seq->draft_policy.observe((int)draft.size(), agreed);
+  const int first = seq->n_computed - 1;  // the step's first row (its pending token's), computed already
   computed(seq, drawn - 1);  // every draw but the last followed a drafted row that agreed
   blocks_.truncate(seq->blocks, seq->n_computed);
+  if (!seq->draft_slots.empty()) keep_drafted_state(seq, first, drawn);
   seq->draft.clear();
   return agreed;
 }
@@ -173,9 +192,10 @@ void Scheduler::add_drafts(Schedule& out, int budget, PrefillBudget& time) {
   const std::vector<int> take = draft_rows(out, std::max(0, std::min(budget, cfg_.spec_rows - rows)), time);
   for (size_t i = 0; i < out.seqs.size(); i++) {
     Sequence* seq = out.seqs[i].seq;
-    int d = take[i];
+    int d = states_ ? std::min(take[i], states_->num_free()) : take[i];  // a hybrid: a state slot per drafted row
     if (d > 0 && !blocks_.append(seq->blocks, seq->n_computed + 1, seq->n_computed + 1 + d, &out.copies)) d = 0;
     seq->draft.resize(d);
+    for (int j = 0; states_ && j < d; j++) seq->draft_slots.push_back(states_->acquire(false));  // overwritten whole
     out.seqs[i].n_tokens += d;
   }
 }

@@ -15,7 +15,9 @@
 // rolls the rest back.
 //
 // Hybrid models (a recurrent state pool set): a sequence is admitted only with a free state slot for each of
-// its samples; slots are freed where its blocks are (finish, abort, preemption) and copied on a fork. With
+// its samples; slots are freed where its blocks are (finish, abort, preemption) and copied on a fork. A drafted
+// decode also takes a slot per drafted row (Sequence::draft_slots; a draft is cut to the slots free), each
+// holding the state after one of the step's rows, and verified() keeps the state after the last accepted row. With
 // state checkpoints (state_checkpoints.h), a prefix-cache hit is cut back to the last block boundary whose state
 // is held, restored into the new slot; a step that ends on a boundary checkpoints it, and a prompt's chunk stops
 // at its last full block's boundary so that a repeated prompt finds one there.
@@ -80,7 +82,8 @@ class Scheduler {
   // After a verification, once seq's draws are its tokens (computed(seq, n_tokens - draft size) first): the
   // drafted rows the draws followed keep their K/V (computed, committed to the prefix cache), the blocks past
   // its computed tokens are released, its DraftPolicy learns how many drafted tokens the draws agreed with,
-  // and the draft is cleared. Returns that count.
+  // and the draft is cleared; a hybrid's state is rolled back to the last row kept (and checkpointed at each
+  // block boundary those rows reach), its draft slots freed. Returns that count.
   int verified(Sequence* seq);
   // child (fresh, same tokens as the running parent) joins the running set sharing the parent's blocks.
   void fork(Sequence* parent, Sequence* child);
@@ -96,6 +99,8 @@ class Scheduler {
  private:
   void preempt(Sequence* seq);
   void release_states(Sequence* seq);
+  void checkpoint(const Sequence* seq, int n_tokens, int slot);  // at a block boundary: slot's state after n_tokens
+  void keep_drafted_state(Sequence* seq, int first, int rows);   // rows from position first on are kept
   bool take_states(Sequence* seq, int n);  // n slots (the first its own) or none when fewer are free
   int checkpoint_stop(const Sequence* seq, int start, int n) const;  // n, or less to end on the last full block
   // Prompt tokens a step may still take: the time the step target leaves after the decodes.

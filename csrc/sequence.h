@@ -62,6 +62,11 @@ struct Sequence {
   // as extra rows of its decode; the scheduler keeps what fits, the step's sampling verifies them. Empty
   // outside the step that proposed them.
   std::vector<int32_t> draft;
+  // A hybrid's drafted decode: [draft size] state slots, j taking the recurrent state after the step's row j
+  // (the forward writes them, Batch::snapshots), so verification can keep the state of the rows it accepts.
+  // Taken with the draft's rows (Scheduler::add_drafts), freed at its verification or wherever the sequence's
+  // slots are.
+  std::vector<int> draft_slots;
   NgramIndex ngrams;                 // over `tokens`, extended as it grows (built at the first draft)
   DraftPolicy draft_policy;
 

@@ -3,8 +3,8 @@ of each architecture model_factory writes (the MoE ones included) served by `pys
 and driven with the openai SDK. Greedy text is what the engine's own prefill argmax gives, streamed equals
 not streamed, a repeated prompt is served from the prefix cache with the same text, n=2 forks two samples,
 and speculative decoding (on by default) gives the same bits as a server without it. A hybrid (qwen35: recurrent
-DeltaNet layers) serves from its own state slots, its prefix cache resumes from state checkpoints, and a client
-that goes away frees its slot as it frees its blocks.
+DeltaNet layers) serves from its own state slots (speculation's draft slots among them), its prefix cache resumes
+from state checkpoints, and a client that goes away frees its slot as it frees its blocks.
 """
 from __future__ import annotations
 
@@ -85,14 +85,17 @@ def sampled(client: openai.OpenAI, model: str):
     return client.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, n=2, seed=7, temperature=1.0)
 
 
-@pytest.mark.parametrize("arch", tm.MOE_ARCHS)
-def test_speculative_decoding_changes_no_bit_on_a_moe_model(models, arch):
-    results = []
+@pytest.mark.parametrize("arch", tm.MOE_ARCHS + ("qwen35",))
+def test_speculative_decoding_changes_no_bit_on_a_moe_or_hybrid_model(models, arch):
+    """The hybrids too (speculation on by default): their drafted rows' state rolled back where rejected."""
+    results, drafted = [], []
     for flags in ((), ("--speculative-ngram", "0")):
         with ServerProcess("--model", str(models[arch]), *flags).wait_ready() as srv:
             client = sdk(srv)
             results.append([greedy(client, srv.model, stream)[:2] for stream in (False, True)])
+            drafted.append(total(metrics(srv.url), "pyserve:spec_decode_num_draft_tokens_total"))
     assert results[0] == results[1]
+    assert drafted[0] > 0 and drafted[1] == 0
 
 
 @pytest.mark.parametrize("arch", tm.hybrid.ARCHS)
@@ -100,15 +103,22 @@ def test_a_hybrids_state_slots_are_reported_and_freed_on_disconnect(tmp_path, ar
     long = tm.write_test_model(tmp_path / f"{arch}.gguf", arch, qtype="Q8_0", n_ctx=8192)  # a stream of seconds
     with ServerProcess("--model", str(long), "--max-num-seqs", "4").wait_ready() as srv:
         info = httpx.get(srv.url + "/server_info").json()["stats"]
-        assert (info["state_slots_total"], info["state_slots_used"], info["blocks_used"]) == (4, 0, 0)
+        # a slot per seat, and one per row a step may draft (speculation is on by default)
+        assert (info["state_slots_total"], info["state_slots_used"], info["blocks_used"]) == (4 + 7, 0, 0)
         body = {"model": srv.model, "prompt": PROMPT, "max_tokens": 8000, "temperature": 0, "ignore_eos": True,
                 "stream": True}
         with httpx.Client(timeout=60) as c, c.stream("POST", srv.url + "/v1/completions", json=body) as r:
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data: {"))  # streaming: the sequence holds a slot
             assert httpx.get(srv.url + "/server_info").json()["stats"]["state_slots_used"] == 1
+            def drafts() -> int:
+                return httpx.get(srv.url + "/server_info").json()["stats"]["spec_drafts"]
+            for i, _ in enumerate(lines):  # on until its steps have drafted (draft slots taken and given back)
+                if i % 16 == 0 and drafts() > 0:
+                    break
+            assert drafts() > 0
         # the client went away: the slot is freed with the blocks
         poll(lambda: total(m := metrics(srv.url), "pyserve:recurrent_state_slots_used") == 0
              and total(m, "pyserve:kv_blocks_used") == 0 and total(m, "pyserve:num_requests_running") == 0,
              what="the slot freed")
-        assert total(metrics(srv.url), "pyserve:recurrent_state_slots_total") == 4
+        assert total(metrics(srv.url), "pyserve:recurrent_state_slots_total") == 4 + 7

@@ -1,7 +1,8 @@
 """Hybrid models (Qwen3.5: Gated DeltaNet layers between full-attention ones) in the engine: the recurrent state
 as a resource (a slot per running sequence, freed on finish, abort and preemption, copied on an n > 1 fork),
 chunked prefill and batching giving the same tokens, prefix caching through state checkpoints at block
-boundaries, speculative decoding refused, and a control that must differ (a file with one feature changed)."""
+boundaries, and a control that must differ (a file with one feature changed). Speculative decoding on them:
+test_hybrid_spec.py."""
 from __future__ import annotations
 
 import os
@@ -150,11 +151,6 @@ def test_without_prefix_caching_nothing_is_checkpointed(path):
     assert run(eng, {"a": prompt}) == run(eng, {"a": prompt})
     s = eng.stats()
     assert (s["state_checkpoints_total"], s["prefix_cache_hits"]) == (0, 0)
-
-
-def test_speculative_decoding_is_refused_by_name(path):
-    with pytest.raises(ValueError, match=r"speculative_ngram \(--speculative-ngram.*qwen35"):  # qwen35moe too
-        _engine.Engine(str(path), n_threads=1, speculative_ngram=4)
 
 
 def test_attention_only_models_hold_no_state(tmp_path):

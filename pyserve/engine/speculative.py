@@ -4,18 +4,15 @@ pyserve drafts by prompt lookup (csrc/ngram_draft.h): `speculative_ngram=K`, or 
 `speculative_config={"method": "ngram", "num_speculative_tokens": K}` (its `prompt_lookup_max` may be given
 up to the index's 4; `prompt_lookup_min` is accepted). Draft models are not supported.
 
-Hybrid models (recurrent layers, e.g. qwen35) cannot roll a rejected draft back out of their state: the engine
-refuses speculation on them, naming the option. `pyserve serve`'s default K means "where the model allows it":
-served_speculation turns it off for them (any other K still reaches the engine and is refused).
+Hybrid models (recurrent layers, e.g. qwen35) draft as every other model does: the engine keeps the recurrent
+state after each drafted row and rolls a rejected draft back to the last accepted one (docs/ARCHITECTURE.md).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Optional, Union
 
 from .. import _engine
-from .options import EngineOptions, option
 
 MAX_NGRAM = _engine.NgramIndex.max_ngram  # the longest suffix the index looks up
 _KNOWN = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
@@ -47,15 +44,3 @@ def _count(field: str, value) -> int:
         raise ValueError(f"{field} must be an integer >= 0, got {value!r}")
     return value
 
-
-def served_speculation(options, path: str):
-    """`options` for serving the model at `path`: the serve default K (its EngineOptions serve_default) off where the
-    model has recurrent layers; anything else unchanged (an unreadable file too: loading it reports why)."""
-    default = next(option(f).serve_default for f in dataclasses.fields(EngineOptions) if f.name == "speculative_ngram")
-    if options.speculative_ngram != default:
-        return options
-    try:
-        recurrent = options.kv_geometry(path)["hparams"]["n_recurrent"] > 0
-    except (ValueError, TypeError, OSError):
-        return options
-    return options.replace(speculative_ngram=0) if recurrent else options

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..engine.options import EngineOptions
-from ..engine.speculative import served_speculation
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})$")
 
@@ -135,6 +134,5 @@ class Catalog:
         return self._facts.get(name) or ModelFacts(error="not read yet")
 
     def options(self, spec: ModelSpec) -> EngineOptions:
-        """The engine options it is loaded with: the flags', its table's over them (the serve default's
-        speculation off on a hybrid model: engine/speculative.py)."""
-        return served_speculation(self.engine.replace(**spec.engine), spec.path)
+        """The engine options it is loaded with: the flags', its table's over them."""
+        return self.engine.replace(**spec.engine)
