@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "causal_conv.h"
 #include "ops.h"
 #include "recurrent_state.h"
 #include "threadpool.h"
@@ -57,13 +58,11 @@ class DeltaNet {
                ActBuffer& act);
 
  private:
-  void conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states, int rl);
   void prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
   void recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl);
   void gated_norm(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
 
-  std::vector<int64_t> runs_;         // [n_runs + 1]: the first token of each sequence's run, then T
-  std::vector<int32_t> run_slot_;     // [n_runs]
+  SeqRuns runs_;                      // the step's tokens by sequence
   std::vector<float> qkv_, z_, beta_, g_, o_;  // [T × conv_dim], [T × value_dim], [T × n_v_heads] ×2, [T × value_dim]
 };
 

@@ -109,7 +109,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate)
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size);
-  if (hp.dn.n_recurrent() > 0) init_recurrent(hp);
+  if (hp.n_recurrent() > 0) init_recurrent(hp);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
@@ -182,12 +182,12 @@ void Engine::init_recurrent(const HParams& hp) {
   if (cfg_.speculative_ngram > 0)
     throw std::invalid_argument("speculative_ngram (--speculative-ngram / --speculative-config) is not supported for '" +
                                 hp.arch + "': its recurrent layers' state cannot roll a rejected draft back");
-  const DeltaNetParams& d = hp.dn;
-  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+  const int n_rec = hp.n_recurrent();
+  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs, n_rec, hp.state_conv_floats(), hp.state_mat_floats());
   if (!cfg_.enable_prefix_caching) return;
   const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), cfg_.block_size);
   const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
-  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, n_rec, hp.state_conv_floats(), hp.state_mat_floats());
 }
 
 void Engine::check(const Request& req) const {

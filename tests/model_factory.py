@@ -54,6 +54,7 @@ import numpy as np
 from pyserve.engine.tokenizer import bytes_to_unicode
 
 import model_factory_hybrid as hybrid
+import model_factory_lfm2 as lfm2
 
 import gguf
 from gguf import GGMLQuantizationType as QT
@@ -61,9 +62,9 @@ from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS
+         "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS + lfm2.ARCHS
 GEMMAS = ("gemma2", "gemma3")
-MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe")  # always mixtures of experts (any other arch becomes one with moe={...})
+MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "lfm2moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_256 = K_QUANTS + ("IQ4_XS", "IQ3_S")      # super-blocks of 256 elements
@@ -379,6 +380,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
     if arch in hybrid.ARCHS:  # Qwen3.5: 3 Gated DeltaNet layers, then full attention (model_factory_hybrid.py)
         d.update(hybrid.hybrid_dims(kq))
+    if arch in lfm2.ARCHS:  # LFM2: gated short convs and one attention layer (model_factory_lfm2.py)
+        d.update(lfm2.lfm2_dims(kq))
     return d
 
 
@@ -402,6 +405,8 @@ def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
         cfg.update(biases=True)
     if arch == "qwen35moe":  # one shared expert (no count key: the architecture's), its output sigmoid-gated
         cfg.update(n_shared=1, shared_gate=True)
+    if arch == "lfm2moe":  # as the LFM2-8B-A1B file: leading dense layers, sigmoid routing with a choosing bias
+        cfg.update(dense_lead=1, gating=2, select_bias=True)
     cfg.update(moe or {})
     return cfg
 
@@ -493,7 +498,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
                      rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
-                     vocab: Mapping[str, Any] | None = None, **dims: Any) -> Path:
+                     vocab: Mapping[str, Any] | None = None, drop: tuple[str, ...] = (), **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
@@ -504,13 +509,14 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     rerank_bias: the head's cls.output.bias too.
     vocab: ``tokenizer.ggml.*`` metadata (key -> value, e.g. a vocabulary of tests/data/vocab
     read by gguf_vocab.vocab_meta) written in place of the built-in byte-level vocabulary.
+    drop: tensor names or metadata keys left out of the file (an inconsistent file, for the loader's errors).
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
     if arch == "gemma4":  # its own shapes and options: model_factory_gemma4.py
         from model_factory_gemma4 import write_gemma4
-        if rope_freqs or biases or moe or rerank:
-            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank")
+        if rope_freqs or biases or moe or rerank or drop:
+            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank, drop")
         return write_gemma4(path, qtype=qtype, seed=seed, tied=tied, name=name, chat_template=chat_template,
                             vocab=vocab, **dims)
     if rope_freqs and arch != "llama":
@@ -557,15 +563,16 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
     for il in range(n_layer):
         p = f"blk.{il}."
-        if arch in hybrid.ARCHS:
-            hybrid.add_layer(add, rng, mat, norm, il, cfg)
-        if arch in hybrid.ARCHS and moe_cfg:
+        own = hybrid if arch in hybrid.ARCHS else lfm2 if arch in lfm2.ARCHS else None  # their own mixers
+        if own is not None:
+            own.add_layer(add, rng, mat, norm, il, cfg)
+        if own is not None and moe_cfg and il >= moe_cfg["dense_lead"]:
             _add_experts(add, rng, p, n_embd, moe_cfg)
-        elif arch in hybrid.ARCHS:
+        elif own is not None:
             add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
             add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
             add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
-        if arch in hybrid.ARCHS:
+        if own is not None:
             continue
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
@@ -613,7 +620,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         for part in ("enorm", "hnorm", "shared_head_norm"):
             add(p + f"nextn.{part}.weight", norm(n_embd))
         add(p + "attn_norm.weight", norm(n_embd))
-    add("output_norm.weight", out_norm_scale * norm(n_embd))
+    add(("token_embd_norm" if arch in lfm2.ARCHS else "output_norm") + ".weight", out_norm_scale * norm(n_embd))
     if not tied:
         add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
     if rerank:  # drawn last: the other tensors stay those of the same seed without a head
@@ -638,13 +645,13 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_block_count(n_layer + (arch == "glm4moe"))
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w.add_head_count_kv(lfm2.kv_heads(cfg) if arch in lfm2.ARCHS else n_head_kv)
     w.add_layer_norm_rms_eps(float(cfg["eps"]))
     w.add_rope_freq_base(float(cfg["rope_base"]))
     if arch in GEMMAS or hd * n_head != n_embd:
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch in ("llama", "smollm3", "granite", "mistral3", "phi3"):
+    if arch in ("llama", "smollm3", "granite", "mistral3", "phi3") + lfm2.ARCHS:
         w.add_rope_dimension_count(_rope_dim(arch, hd))
         w.add_vocab_size(n_vocab)
     if arch == "glm4moe":
@@ -654,6 +661,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         _write_moe_keys(w, moe_cfg)
     if arch in hybrid.ARCHS:
         hybrid.write_keys(w, cfg)
+    if arch in lfm2.ARCHS:
+        lfm2.write_keys(w, cfg)
     if (arch in GEMMAS or arch == "gpt-oss") and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)
@@ -668,7 +677,11 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     if rerank:
         _write_rerank_keys(w, rerank_template)
 
+    for key in set(drop) & set(w.kv_data[0]):
+        del w.kv_data[0][key]
     for tname, data, role in tensors:
+        if tname in drop:
+            continue
         t = "F32" if role is None else _qtype_for(role, qtype)
         if t == "F32":
             w.add_tensor(tname, data)
