@@ -115,10 +115,11 @@ ArchSpec qwen35moe() {  // qwen35 with a MoE FFN and one shared expert (its outp
 }
 
 // lfm2: qwen3's attention (per-head q/k norms, NeoX RoPE) in the layers with KV heads, gated short convs in
-// the others, the final norm named token_embd_norm (llama.cpp: src/models/lfm2.cpp)
+// the others, the final norm named token_embd_norm; where the file gives a window, every attention layer
+// slides (the global RoPE on all) (llama.cpp: src/models/lfm2.cpp)
 ArchSpec lfm2() {
   ArchSpec s = based(qwen3(), "lfm2");
-  s.short_conv = true;
+  s.short_conv = s.sliding_window = s.swa_rope_scaled = true;
   s.output_norm = "token_embd_norm";
   return s;
 }
@@ -382,9 +383,13 @@ void read_delta_net(const GGUFFile& f, const std::string& a, HParams& hp) {
 }
 
 // lfm2 (llama.cpp: llama_model_lfm2::load_arch_hparams): the conv width, and which layers are convs: those whose
-// attention.head_count_kv entry is 0 (the others must agree on their count). lfm2moe's files name the routing.
+// attention.head_count_kv entry is 0 (the others must agree on their count); with a window, the attention layers
+// are the sliding ones. lfm2moe's files name the routing; its graph always renormalises, never scales.
 void read_short_conv(const GGUFFile& f, const std::string& a, HParams& hp) {
   ShortConvParams& c = hp.sc;
+  if (f.get_int(a + "attention.causal", 1) == 0)
+    f.fail("metadata key '" + a + "attention.causal' is false: a bidirectional encoder (LFM2-ColBERT style), "
+           "which pyserve does not run");
   c.l_cache = ranged(f, a + "shortconv.l_cache", 2, 64, nullptr);
   c.n_embd = hp.n_embd;
   const std::string kv_key = a + "attention.head_count_kv";
@@ -395,8 +400,13 @@ void read_short_conv(const GGUFFile& f, const std::string& a, HParams& hp) {
     else if (kv[il] != hp.n_head_kv)
       f.fail("metadata key '" + kv_key + "' differs between attention layers (unsupported for this architecture)");
   }
+  if (hp.n_swa > 0)
+    for (int il = 0; il < hp.n_layer; il++) hp.swa_layers.push_back(!c.conv_layer(il));
+  hp.rope_base_local = hp.rope_base;
   if (hp.moe.n_expert > 0 && !f.has(a + "expert_gating_func"))
     f.fail("missing metadata key '" + a + "expert_gating_func'");
+  hp.moe.norm_weights = true;
+  hp.moe.weights_scale = 1.f;
 }
 
 }  // namespace

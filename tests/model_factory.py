@@ -498,7 +498,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
                      rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
-                     vocab: Mapping[str, Any] | None = None, drop: tuple[str, ...] = (), **dims: Any) -> Path:
+                     vocab: Mapping[str, Any] | None = None, drop: tuple[str, ...] = (),
+                     keys: Mapping[str, Any] | None = None, **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
@@ -510,13 +511,14 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     vocab: ``tokenizer.ggml.*`` metadata (key -> value, e.g. a vocabulary of tests/data/vocab
     read by gguf_vocab.vocab_meta) written in place of the built-in byte-level vocabulary.
     drop: tensor names or metadata keys left out of the file (an inconsistent file, for the loader's errors).
+    keys: more metadata (key -> bool, int, str or list), e.g. ``{"lfm2.attention.causal": False}``.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
     if arch == "gemma4":  # its own shapes and options: model_factory_gemma4.py
         from model_factory_gemma4 import write_gemma4
-        if rope_freqs or biases or moe or rerank or drop:
-            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank, drop")
+        if rope_freqs or biases or moe or rerank or drop or keys:
+            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank, drop, keys")
         return write_gemma4(path, qtype=qtype, seed=seed, tied=tied, name=name, chat_template=chat_template,
                             vocab=vocab, **dims)
     if rope_freqs and arch != "llama":
@@ -663,7 +665,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         hybrid.write_keys(w, cfg)
     if arch in lfm2.ARCHS:
         lfm2.write_keys(w, cfg)
-    if (arch in GEMMAS or arch == "gpt-oss") and cfg.get("sliding_window"):
+    if (arch in GEMMAS + ("gpt-oss",) + lfm2.ARCHS) and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)
     _write_rope_scaling(w, cfg)
@@ -672,6 +674,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     _write_vocab(w, vocab or default_vocab())
+    _write_keys(w, keys or {})
     if chat_template is not None:
         w.add_chat_template(chat_template)
     if rerank:
@@ -707,9 +710,12 @@ def default_vocab() -> dict:
 
 def _write_vocab(w: GGUFWriter, vocab: Mapping[str, Any]) -> None:
     """The tokenizer.ggml.* keys, each with the GGUF type llama.cpp reads it as (ids uint32, types int32)."""
-    for key, v in vocab.items():
-        if not key.startswith("tokenizer.ggml."):
-            continue
+    _write_keys(w, {k: v for k, v in vocab.items() if k.startswith("tokenizer.ggml.")})
+
+
+def _write_keys(w: GGUFWriter, keys: Mapping[str, Any]) -> None:
+    """Metadata keys by their Python type: bool, uint32, string, or an array."""
+    for key, v in keys.items():
         if isinstance(v, bool):
             w.add_bool(key, v)
         elif isinstance(v, int):

@@ -215,6 +215,8 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp.layer_rope_base = [rope_base] * n_layer
     hp.layer_rope_scale = [rope_freq_scale] * n_layer
     hp.layer_roped = [arch != "smollm3" or (il + 1) % SMOLLM3_NO_ROPE_STEP != 0 for il in range(n_layer)]
+    if arch in lfm2.ARCHS:
+        lfm2.read_lfm2(hp, key)
 
     _read_multipliers(hp, key)
     hp.yarn, hp.rope_mscale = yarn, rope_mscale
@@ -228,8 +230,6 @@ def read_hparams(reader: GGUFReader) -> HParams:
         hp.pre_norms, hp.post_norms = False, True
     if arch in hybrid.ARCHS:
         hybrid.read_hybrid(hp, key)
-    if arch in lfm2.ARCHS:
-        hp.extra.update(lfm2.read_lfm2(key, n_layer))
     if arch == "gemma3":
         hp.embd_mult, hp.gelu, hp.post_norms, hp.rope_freqs = math.sqrt(n_embd), True, True, False
         n_swa = key("attention.sliding_window", None)

@@ -8,7 +8,8 @@ in the activations' dtype (float64 by default):
   [n_embd, L], tap 0 the oldest input; zeros before the first token), no bias, no activation;
 * y = C ⊙ conv(u); shortconv.out_proj(y).
 
-The other layers are qwen3's attention (per-head q/k RMS norms, NeoX RoPE, GQA over the layer's KV heads); every
+The other layers are qwen3's attention (per-head q/k RMS norms, NeoX RoPE, GQA over the layer's KV heads; with
+``attention.sliding_window`` each of them attends over that window, at the global RoPE); every
 layer's FFN input norm is ffn_norm, the final norm token_embd_norm. lfm2moe: MoE FFNs after the
 leading_dense_block_count dense layers, routed as its file says (sigmoid, with exp_probs_b), renormalised.
 """
@@ -19,11 +20,18 @@ import numpy as np
 ARCHS = ("lfm2", "lfm2moe")
 
 
-def read_lfm2(key, n_layer: int) -> dict:
-    """hp.extra's entries: the conv width and the per-layer kinds (from the head_count_kv array)."""
+def read_lfm2(hp, key) -> None:
+    """The conv width and the per-layer kinds (from the head_count_kv array) into hp.extra; with
+    attention.sliding_window, every attention layer slides (at the global RoPE base and scaling)."""
     kv = key("attention.head_count_kv", required=True)
-    kv = [int(v) for v in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * n_layer
-    return {"l_cache": int(key("shortconv.l_cache", required=True)), "conv": [v == 0 for v in kv[:n_layer]]}
+    kv = [int(v) for v in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * hp.n_layer
+    hp.extra.update(l_cache=int(key("shortconv.l_cache", required=True)), conv=[v == 0 for v in kv[:hp.n_layer]])
+    n_swa = int(key("attention.sliding_window", 0) or 0)
+    if n_swa > 0:
+        hp.layer_swa = [None if conv else n_swa for conv in hp.extra["conv"]]
+        hp.swa_rope_scaled = True
+    if hp.moe is not None:  # lfm2moe's graph: always renormalised, never scaled (whatever the file says)
+        hp.moe.norm, hp.moe.scale = True, 1.0
 
 
 def n_head_kv(key) -> int:

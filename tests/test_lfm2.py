@@ -62,6 +62,13 @@ BAD = [
 ]
 
 
+def test_a_bidirectional_file_is_refused(tmp_path):
+    """LFM2-ColBERT-style encoders (attention.causal false: the conv centred, attention both ways) are not run."""
+    path = tm.write_test_model(tmp_path / "enc.gguf", "lfm2", keys={"lfm2.attention.causal": False})
+    with pytest.raises(_engine.GGUFError, match=r"'lfm2.attention.causal' is false: a bidirectional encoder"):
+        _engine.Engine(str(path), n_threads=1)
+
+
 @pytest.mark.parametrize("arch,drop,message", BAD)
 def test_a_file_missing_a_key_or_tensor_names_it(tmp_path, arch, drop, message):
     path = tm.write_test_model(tmp_path / "bad.gguf", arch, drop=(drop,))
