@@ -21,7 +21,9 @@ an original context of 16, attention temperature 0.1), phi3 2 (fused attn_qkv an
 rotated, LongRoPE factors with an original context of 256: the long ones at the default context), gpt-oss 2
 (layer 0 local over 8, YaRN x32 from 16 on both, q/k/v/output biases, attention sinks, 8 experts with router and
 expert biases, routed by a softmax over the chosen two, the clamped SwiGLU), gemma4 6 (model_factory_gemma4.py: its
-per-layer shapes and options). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
+per-layer shapes and options), qwen35 / qwen35moe 4 (model_factory_hybrid.py: 3 Gated DeltaNet layers, then
+attention), lfm2 / lfm2moe 4 (model_factory_lfm2.py: gated short convs, layer 2 attention; ``attn_layers``,
+``l_cache``, ``conv_flip``). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
 "original_context": n, "attn_factor": a, "log_mul": m}`` and ``attn_temperature=s`` apply to any arch.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
@@ -494,6 +496,18 @@ def _write_rerank_keys(w: GGUFWriter, template: str | None) -> None:
         w.add_string("tokenizer.chat_template.rerank", template)
 
 
+def _add_hybrid_layer(add, rng, mat, norm, il: int, cfg: dict, moe_cfg: dict | None, own) -> None:
+    """Layer il of a hybrid: its module's (model_factory_hybrid / _lfm2) mixer, then a dense or MoE FFN."""
+    p, E, F = f"blk.{il}.", cfg["n_embd"], cfg["n_ff"]
+    own.add_layer(add, rng, mat, norm, il, cfg)
+    if moe_cfg and il >= moe_cfg["dense_lead"]:
+        _add_experts(add, rng, p, E, moe_cfg)
+        return
+    add(p + "ffn_gate.weight", mat(F, E), "ffn_gate")
+    add(p + "ffn_up.weight", mat(F, E), "ffn_up")
+    add(p + "ffn_down.weight", mat(E, F), "ffn_down")
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool = True, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
@@ -565,16 +579,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
     for il in range(n_layer):
         p = f"blk.{il}."
-        own = hybrid if arch in hybrid.ARCHS else lfm2 if arch in lfm2.ARCHS else None  # their own mixers
-        if own is not None:
-            own.add_layer(add, rng, mat, norm, il, cfg)
-        if own is not None and moe_cfg and il >= moe_cfg["dense_lead"]:
-            _add_experts(add, rng, p, n_embd, moe_cfg)
-        elif own is not None:
-            add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
-            add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
-            add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
-        if own is not None:
+        if arch in hybrid.ARCHS + lfm2.ARCHS:  # their own mixers
+            _add_hybrid_layer(add, rng, mat, norm, il, cfg, moe_cfg, hybrid if arch in hybrid.ARCHS else lfm2)
             continue
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
