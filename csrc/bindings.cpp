@@ -234,7 +234,7 @@ py::dict hparams_dict(const HParams& h) {
                   py::arg("head_dim") = h.head_dim, py::arg("n_ff") = h.n_ff, py::arg("n_ctx_train") = h.n_ctx_train,
                   py::arg("n_swa") = h.n_swa, py::arg("n_expert") = h.moe.n_expert,
                   py::arg("n_expert_used") = h.moe.n_used, py::arg("pooling_type") = h.pooling_type,
-                  py::arg("n_cls_out") = h.n_cls_out, py::arg("n_recurrent") = h.dn.n_recurrent());
+                  py::arg("n_cls_out") = h.n_cls_out, py::arg("n_recurrent") = h.n_recurrent());
 }
 
 py::dict config_dict(const EngineConfig& c) {

@@ -27,50 +27,21 @@ void l2_norm(float* x, int n, float eps) {
 
 void DeltaNet::forward(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, const float* h,
                        int64_t T, StateSlots slots, RecurrentStatePool& states, int rl, float* out, ActBuffer& act) {
-  const std::vector<int32_t>& st = slots.state;
   grow(qkv_, (size_t)T * p.conv_dim());
   grow(z_, (size_t)T * p.value_dim());
   grow(beta_, (size_t)T * p.n_v_heads);
   grow(g_, (size_t)T * p.n_v_heads);
   grow(o_, (size_t)T * p.value_dim());
-  runs_.clear();
-  run_slot_.clear();
-  for (int64_t t = 0; t < T; t++)
-    if (t == 0 || st[t] != st[t - 1]) runs_.push_back(t), run_slot_.push_back(st[t]);
-  runs_.push_back(T);
+  runs_.split(slots.state, T);
   act_invalidate(act);
   matmul_group(pool, {{&w.qkv, qkv_.data()}, {&w.gate, z_.data()}, {&w.beta, beta_.data()}, {&w.alpha, g_.data()}},
                h, T, act);
-  conv(pool, p, w, states, rl, slots.snapshots);
+  causal_conv(pool, qkv_.data(), p.conv_dim(), p.d_conv, w.conv.data(), runs_, states, rl, true, slots.snapshots);  // then SiLU
   prepare(pool, p, w, eps, T);
   recur(pool, p, states, rl, slots.snapshots);
   gated_norm(pool, p, w, eps, T);
   act_invalidate(act);
   matmul(pool, w.out, o_.data(), T, out, act);
-}
-
-// qkv_ ← SiLU(conv(qkv_)), per (run, channel); each run's conv state advanced past its tokens (and the
-// channel's column copied into token t's snapshot slot, if any).
-void DeltaNet::conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states,
-                    int rl, const std::vector<int32_t>& snaps) {
-  const int64_t C = p.conv_dim(), K = p.d_conv, n_runs = (int64_t)run_slot_.size();
-  pool.parallel_for(n_runs * C, [&](int64_t item) {
-    const int64_t r = item / C, c = item % C;
-    float* st = states.conv(run_slot_[r], rl);  // [K - 1][C]
-    const float* wc = &w.conv[c * K];
-    for (int64_t t = runs_[r]; t < runs_[r + 1]; t++) {
-      float* x = &qkv_[t * C + c];
-      float acc = *x * wc[K - 1];
-      for (int64_t k = 0; k < K - 1; k++) acc += st[k * C + c] * wc[k];
-      for (int64_t k = 0; k + 1 < K - 1; k++) st[k * C + c] = st[(k + 1) * C + c];
-      if (K > 1) st[(K - 2) * C + c] = *x;
-      *x = acc / (1.0f + std::exp(-acc));
-      if (!snaps.empty() && snaps[t] >= 0) {
-        float* snap = states.conv(snaps[t], rl);
-        for (int64_t k = 0; k < K - 1; k++) snap[k * C + c] = st[k * C + c];
-      }
-    }
-  }, INLINE_ROWS);
 }
 
 // Per token: q and k L2-normed per head, beta = sigmoid, g = softplus(alpha + dt) · a.
@@ -92,12 +63,12 @@ void DeltaNet::prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNet
 // head's M after token t is copied into token t's snapshot slot, if any.
 void DeltaNet::recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl,
                      const std::vector<int32_t>& snaps) {
-  const int64_t C = p.conv_dim(), Hv = p.n_v_heads, Sk = p.head_k, Sv = p.head_v, n_runs = (int64_t)run_slot_.size();
+  const int64_t C = p.conv_dim(), Hv = p.n_v_heads, Sk = p.head_k, Sv = p.head_v, n_runs = runs_.size();
   const float scale = 1.0f / std::sqrt((float)Sk);
   pool.parallel_for(n_runs * Hv, [&](int64_t item) {
     const int64_t r = item / Hv, hv = item % Hv, hk = hv % p.n_k_heads;
-    float* M = states.mat(run_slot_[r], rl) + hv * Sv * Sk;
-    for (int64_t t = runs_[r]; t < runs_[r + 1]; t++) {
+    float* M = states.mat(runs_.slot[r], rl) + hv * Sv * Sk;
+    for (int64_t t = runs_.first[r]; t < runs_.first[r + 1]; t++) {
       const float* q = &qkv_[t * C + hk * Sk];
       const float* k = &qkv_[t * C + p.key_dim() + hk * Sk];
       const float* v = &qkv_[t * C + 2 * p.key_dim() + hv * Sv];

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "causal_conv.h"
 #include "ops.h"
 #include "recurrent_state.h"
 #include "threadpool.h"
@@ -49,14 +50,6 @@ struct DeltaNetWeights {
   std::vector<float> norm;     // [head_v] (ssm_norm)
 };
 
-// Where a step's tokens keep their state in the pool: token t's sequence's is slot state[t]; where snapshots
-// is not empty and snapshots[t] >= 0, slot snapshots[t] takes a copy of it once token t is in (speculation:
-// the state after a drafted row, to roll a rejected draft back to). Both [T].
-struct StateSlots {
-  const std::vector<int32_t>& state;
-  const std::vector<int32_t>& snapshots;  // or empty: none
-};
-
 class DeltaNet {
  public:
   // out[T × n_embd] = the mixer of h[T × n_embd]. Token t's sequence state is slot slots.state[t] of
@@ -66,15 +59,12 @@ class DeltaNet {
                int64_t T, StateSlots slots, RecurrentStatePool& states, int rl, float* out, ActBuffer& act);
 
  private:
-  void conv(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, RecurrentStatePool& states, int rl,
-            const std::vector<int32_t>& snaps);
   void prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
   void recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl,
              const std::vector<int32_t>& snaps);
   void gated_norm(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
 
-  std::vector<int64_t> runs_;         // [n_runs + 1]: the first token of each sequence's run, then T
-  std::vector<int32_t> run_slot_;     // [n_runs]
+  SeqRuns runs_;                      // the step's tokens by sequence
   std::vector<float> qkv_, z_, beta_, g_, o_;  // [T × conv_dim], [T × value_dim], [T × n_v_heads] ×2, [T × value_dim]
 };
 

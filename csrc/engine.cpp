@@ -109,7 +109,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate)
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size);
-  if (hp.dn.n_recurrent() > 0) init_recurrent(hp);
+  if (hp.n_recurrent() > 0) init_recurrent(hp);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
@@ -180,14 +180,13 @@ Engine::~Engine() = default;
 // resumes only where one is held: state_checkpoints.h), as many as a quarter of the KV pool's bytes holds,
 // between 1 and 2 · max_num_seqs.
 void Engine::init_recurrent(const HParams& hp) {
-  const DeltaNetParams& d = hp.dn;
   const int drafted = cfg_.speculative_ngram > 0 ? SchedulerConfig{}.spec_rows - 1 : 0;
-  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs + drafted, d.n_recurrent(), d.conv_floats(),
-                                                 d.mat_floats());
+  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs + drafted, hp.n_recurrent(), hp.state_conv_floats(),
+                                                 hp.state_mat_floats());
   if (!cfg_.enable_prefix_caching) return;
   const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), cfg_.block_size);
   const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
-  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, d.n_recurrent(), d.conv_floats(), d.mat_floats());
+  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, hp.n_recurrent(), hp.state_conv_floats(), hp.state_mat_floats());
 }
 
 void Engine::check(const Request& req) const {

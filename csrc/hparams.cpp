@@ -114,10 +114,26 @@ ArchSpec qwen35moe() {  // qwen35 with a MoE FFN and one shared expert (its outp
   return s;
 }
 
+// lfm2: qwen3's attention (per-head q/k norms, NeoX RoPE) in the layers with KV heads, gated short convs in
+// the others, the final norm named token_embd_norm; where the file gives a window, every attention layer
+// slides (the global RoPE on all) (llama.cpp: src/models/lfm2.cpp)
+ArchSpec lfm2() {
+  ArchSpec s = based(qwen3(), "lfm2");
+  s.short_conv = s.sliding_window = s.swa_rope_scaled = true;
+  s.output_norm = "token_embd_norm";
+  return s;
+}
+
+ArchSpec lfm2moe() {  // lfm2 with MoE FFNs after the leading dense layers: sigmoid routing, a choosing bias
+  ArchSpec s = based(lfm2(), "lfm2moe");
+  s.moe_gating = Gating::Sigmoid;
+  return s;
+}
+
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
-      gemma2(), gemma3(), gemma4(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), ArchSpec{}, mistral3(), olmo2(), phi3(), qwen2(), qwen3(),
-      based(qwen3(), "qwen3moe"), qwen35(), qwen35moe(), smollm3()};
+      gemma2(), gemma3(), gemma4(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), lfm2(), lfm2moe(), ArchSpec{},
+      mistral3(), olmo2(), phi3(), qwen2(), qwen3(), based(qwen3(), "qwen3moe"), qwen35(), qwen35moe(), smollm3()};
   return all;
 }
 
@@ -366,12 +382,39 @@ void read_delta_net(const GGUFFile& f, const std::string& a, HParams& hp) {
     f.fail("unsupported rope.dimension_sections: some rotated dimensions would not take a text position");
 }
 
+// lfm2 (llama.cpp: llama_model_lfm2::load_arch_hparams): the conv width, and which layers are convs: those whose
+// attention.head_count_kv entry is 0 (the others must agree on their count); with a window, the attention layers
+// are the sliding ones. lfm2moe's files name the routing; its graph always renormalises, never scales.
+void read_short_conv(const GGUFFile& f, const std::string& a, HParams& hp) {
+  ShortConvParams& c = hp.sc;
+  if (f.get_int(a + "attention.causal", 1) == 0)
+    f.fail("metadata key '" + a + "attention.causal' is false: a bidirectional encoder (LFM2-ColBERT style), "
+           "which pyserve does not run");
+  c.l_cache = ranged(f, a + "shortconv.l_cache", 2, 64, nullptr);
+  c.n_embd = hp.n_embd;
+  const std::string kv_key = a + "attention.head_count_kv";
+  const std::vector<int> kv = layer_array(f, kv_key, hp.n_layer, 0, MAX_HEADS);
+  c.index.assign(hp.n_layer, -1);
+  for (int il = 0, n = 0; il < (int)kv.size(); il++) {
+    if (kv[il] == 0) c.index[il] = n++;
+    else if (kv[il] != hp.n_head_kv)
+      f.fail("metadata key '" + kv_key + "' differs between attention layers (unsupported for this architecture)");
+  }
+  if (hp.n_swa > 0)
+    for (int il = 0; il < hp.n_layer; il++) hp.swa_layers.push_back(!c.conv_layer(il));
+  hp.rope_base_local = hp.rope_base;
+  if (hp.moe.n_expert > 0 && !f.has(a + "expert_gating_func"))
+    f.fail("missing metadata key '" + a + "expert_gating_func'");
+  hp.moe.norm_weights = true;
+  hp.moe.weights_scale = 1.f;
+}
+
 }  // namespace
 
 std::vector<int> HParams::kv_widths() const {
   std::vector<int> w(n_layer);
-  for (int il = 0; il < n_layer; il++)  // a shared-KV layer reads another's; a DeltaNet layer keeps no K/V
-    w[il] = kv_layer(il) == il && !dn.recurrent(il) ? layer_kv_dim(il) : 0;
+  for (int il = 0; il < n_layer; il++)  // a shared-KV layer reads another's; a recurrent layer keeps no K/V
+    w[il] = kv_layer(il) == il && !recurrent(il) ? layer_kv_dim(il) : 0;
   return w;
 }
 
@@ -404,8 +447,10 @@ HParams read_hparams(const GGUFFile& f) {
   read_rope(f, a, spec, hp);
   read_multipliers(f, a, spec, hp);
   if (spec.layer_shapes) read_layer_shapes(f, a, hp);
+  else if (spec.short_conv) check_uniform(f, a, hp.n_layer, {"feed_forward_length", "attention.head_count"});
   else check_uniform(f, a, hp.n_layer);
   if (spec.delta_net) read_delta_net(f, a, hp);
+  if (spec.short_conv) read_short_conv(f, a, hp);
   const int64_t unset = -1;
   hp.pooling_type = ranged(f, a + "pooling_type", -1, 1 << 16, &unset);  // read, not used: any value loads
   const GGUFTensor* cls = f.find("cls.output.weight");

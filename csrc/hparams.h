@@ -2,11 +2,12 @@
 // hyper-parameters (HParams) read from its metadata — everything a model's shape and numerics depend on.
 //
 // Supported architectures: gemma2, gemma3, gemma4 (dense and MoE, per-layer embeddings, shared KV), glm4moe,
-// granite, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2, TinyLlama), gpt-oss, mistral3, olmo2, phi3, qwen2,
-// qwen3, qwen3moe, qwen35, qwen35moe, smollm3. Any of them may be a mixture of experts: a file
+// granite, lfm2, lfm2moe, llama (Llama 2/3.x, Mistral, Mixtral, SmolLM2, TinyLlama), gpt-oss, mistral3, olmo2,
+// phi3, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, smollm3. Any of them may be a mixture of experts: a file
 // with `<arch>.expert_count` runs the MoE block (moe.h) in place of the FFN. RoPE scaling as the file declares
-// it (linear, YaRN, LongRoPE factors), for any of them. qwen35 is a hybrid: Gated DeltaNet layers (delta_net.h)
-// between its full-attention ones.
+// it (linear, YaRN, LongRoPE factors), for any of them. The hybrids keep a recurrent state per sequence:
+// qwen35's Gated DeltaNet layers (delta_net.h) and lfm2's gated short-conv layers (short_conv.h) between
+// their attention ones.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "delta_net.h"
 #include "gguf.h"
 #include "moe.h"
+#include "short_conv.h"
 
 namespace pyserve {
 
@@ -57,6 +59,8 @@ struct ArchSpec {
   int moe_shared = 0;           // MoE: shared experts unless the file says (qwen35moe: 1, sigmoid-gated where it has the gate)
   bool delta_net = false;       // layers the file's ssm.* / full_attention_interval keys say are Gated DeltaNet (qwen35)
   bool attn_gate = false;       // attn_q gives per head the query then a gate: output × sigmoid(gate) (qwen35)
+  bool short_conv = false;      // the layers with 0 KV heads (attention.head_count_kv array) are gated short convs (lfm2)
+  const char* output_norm = "output_norm";  // the final norm tensor (lfm2: token_embd_norm, llama.cpp's name for it)
 };
 // The spec of `arch`, or throws ModelError listing the supported architectures.
 const ArchSpec& arch_spec(const std::string& arch);
@@ -90,6 +94,7 @@ struct HParams {
   int attn_temp_floor = 0;
   MoeParams moe;              // n_expert == 0: every layer dense
   DeltaNetParams dn;          // the recurrent layers (ArchSpec::delta_net), none otherwise
+  ShortConvParams sc;         // the short-conv layers (ArchSpec::short_conv), none otherwise
   int pooling_type = -1;      // <arch>.pooling_type (llama.cpp's enum: 1 mean, 3 last, 4 rank), -1 = unset
   int n_cls_out = 0;          // rows of the classifier head cls.output.weight (a reranker's), 0 = none
   // gemma4's per-layer shapes (empty / 0: every layer as the scalars above; n_head_kv, n_ff are then the maxima)
@@ -108,7 +113,14 @@ struct HParams {
   int layer_kv_dim(int il) const { return layer_n_head_kv(il) * layer_head_dim(il); }
   // The layer whose K/V layer il attends over: itself, or (a shared-KV layer) the last owning layer of its kind.
   int kv_layer(int il) const { return n_layer_kv <= 0 || il < n_layer_kv ? il : n_layer_kv - (is_local(il) ? 2 : 1); }
-  std::vector<int> kv_widths() const;  // [n_layer] K (and V) floats per token slot of each layer, 0: shared or DeltaNet
+  std::vector<int> kv_widths() const;  // [n_layer] K (and V) floats per token slot of each layer, 0: shared or recurrent
+  // The recurrent layers (DeltaNet or short conv: a model has one kind) and their state, per layer and slot:
+  // conv inputs, then matrices (RecurrentStatePool's layout).
+  bool recurrent(int il) const { return dn.recurrent(il) || sc.conv_layer(il); }
+  int recurrent_index(int il) const { return dn.recurrent(il) ? dn.index[il] : sc.conv_layer(il) ? sc.index[il] : -1; }
+  int n_recurrent() const { return dn.n_recurrent() + sc.n_conv(); }
+  int64_t state_conv_floats() const { return sc.n_conv() > 0 ? sc.state_floats() : dn.conv_floats(); }
+  int64_t state_mat_floats() const { return dn.mat_floats(); }
   int max_head_dim() const { return std::max(head_dim, head_dim_swa); }
   float attn_temperature(int pos) const {
     return attn_temp_scale == 0.f ? 1.f : 1.f + attn_temp_scale * std::log(std::floor((float)pos / attn_temp_floor) + 1.f);

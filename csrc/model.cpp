@@ -52,7 +52,8 @@ void Model::pack_weights() {
   std::vector<Weight*> ws = {&output_};
   for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
-    for (Weight* w : {&L.dn.qkv, &L.dn.gate, &L.dn.beta, &L.dn.alpha, &L.dn.out}) ws.push_back(w);
+    for (Weight* w : {&L.dn.qkv, &L.dn.gate, &L.dn.beta, &L.dn.alpha, &L.dn.out, &L.sc.in_proj, &L.sc.out_proj})
+      ws.push_back(w);
     for (Weight* w : {&L.moe.sh_gate, &L.moe.sh_up, &L.moe.sh_down}) ws.push_back(w);
     for (std::vector<Weight>* es : {&L.moe.gate, &L.moe.up, &L.moe.down})
       for (Weight& w : *es) ws.push_back(&w);
@@ -87,7 +88,7 @@ void Model::load_weights() {
   const int E = hp_.n_embd;
   tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
   output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;
-  output_norm_ = vec("output_norm.weight", E);
+  output_norm_ = vec(std::string(spec_->output_norm) + ".weight", E);
   cls_out_ = vec("cls.output.weight", (int64_t)hp_.n_cls_out * E, true);
   cls_out_b_ = vec("cls.output.bias", hp_.n_cls_out, true);
   layers_.resize(hp_.n_layer);
@@ -99,6 +100,7 @@ void Model::load_weights() {
       L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
     }
     if (hp_.dn.recurrent(il)) load_delta_net(p, L.dn);
+    else if (hp_.sc.conv_layer(il)) load_short_conv(p, L.sc);
     else load_attention(p, L, il);
     if (hp_.moe.moe_layer(il)) load_moe(il, L.moe);
     if (!hp_.moe.moe_layer(il) || spec_->moe_gelu) {  // gemma4: its experts run beside the dense FFN
@@ -148,6 +150,14 @@ void Model::load_delta_net(const std::string& p, DeltaNetWeights& w) {
   w.dt = vec(p + "ssm_dt.bias", d.n_v_heads);
   w.a = vec(p + "ssm_a", d.n_v_heads);
   w.norm = vec(p + "ssm_norm.weight", d.head_v);
+}
+
+// llama.cpp's names (src/models/lfm2.cpp): shortconv.in_proj, shortconv.conv, shortconv.out_proj.
+void Model::load_short_conv(const std::string& p, ShortConvWeights& w) {
+  const int E = hp_.n_embd;
+  w.in_proj = weight(p + "shortconv.in_proj.weight", E, 3 * (int64_t)E);
+  w.out_proj = weight(p + "shortconv.out_proj.weight", E, E);
+  w.conv = vec(p + "shortconv.conv.weight", (int64_t)E * hp_.sc.l_cache);
 }
 
 // llama.cpp's get_rope_factors: rope_freqs where the file has them, else LongRoPE's long factors for a
@@ -312,7 +322,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
 }
 
 void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
-  if (hp_.dn.recurrent(il)) return delta_layer(il, b, pool);
+  if (hp_.recurrent(il)) return recurrent_layer(il, b, pool);
   const LayerWeights& L = layers_[il];
   const int T = (int)b.size(), E = hp_.n_embd, hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il);
   const int qd = hp_.n_head * hd, n_kv = hp_.layer_n_head_kv(il);
@@ -366,16 +376,19 @@ void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   ffn_block(il, b, pool);
 }
 
-void Model::delta_layer(int il, const Batch& b, ThreadPool& pool) {
+void Model::recurrent_layer(int il, const Batch& b, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
-  const int T = (int)b.size(), E = hp_.n_embd;
+  const int T = (int)b.size(), E = hp_.n_embd, rl = hp_.recurrent_index(il);
   if (!states_ || b.slots.size() != b.size())
     throw std::logic_error("a hybrid model's forward needs a recurrent state slot for every token");
   pool.parallel_for(T, [&](int64_t t) { block_input(&x_[t * E], L.attn_norm, &h_[t * E]); }, INLINE_ROWS);
   if (!b.snapshots.empty() && b.snapshots.size() != b.size())
     throw std::logic_error("a batch's snapshots must name a slot (or -1) for every token");
-  delta_net_.forward(pool, hp_.dn, L.dn, hp_.eps, h_.data(), T, {b.slots, b.snapshots}, *states_, hp_.dn.index[il],
-                     o_.data(), act_);
+  const StateSlots slots{b.slots, b.snapshots};
+  if (hp_.sc.conv_layer(il))
+    short_conv_.forward(pool, hp_.sc, L.sc, h_.data(), T, slots, *states_, rl, o_.data(), act_);
+  else
+    delta_net_.forward(pool, hp_.dn, L.dn, hp_.eps, h_.data(), T, slots, *states_, rl, o_.data(), act_);
   ffn_block(il, b, pool);
 }
 

@@ -15,6 +15,7 @@
 #include "moe.h"
 #include "ops.h"
 #include "per_layer_embd.h"
+#include "short_conv.h"
 #include "threadpool.h"
 
 namespace pyserve {
@@ -30,6 +31,7 @@ struct LayerWeights {
   MoeWeights moe;                                         // MoE layers (hp.moe.moe_layer(il))
   std::vector<float> out_scale;                           // [1] layer_output_scale (gemma4) or empty
   DeltaNetWeights dn;                                     // Gated DeltaNet layers (hp.dn.recurrent(il)): no q/k/v/o
+  ShortConvWeights sc;                                    // short-conv layers (hp.sc.conv_layer(il)): no q/k/v/o
 };
 
 // One engine step's tokens, from any number of sequences.
@@ -66,7 +68,7 @@ class Model {
   // then fills logits[logit_rows.size() × n_vocab] and, when given, hidden[hidden_rows.size() × n_embd]
   // (the final-norm states: the output projection's input). Every token id must be in the vocabulary: the
   // engine checks them before (Engine::check for requests, prompt_logits for its tokens). A hybrid model
-  // (hparams().dn has recurrent layers) reads and advances each token's state slot (batch.slots) in `states`,
+  // (hparams().n_recurrent() > 0) reads and advances each token's state slot (batch.slots) in `states`,
   // copying it into batch.snapshots' slots where given: without slots it throws std::logic_error. A
   // sequence's tokens are consecutive and in order in the batch.
   void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
@@ -93,7 +95,9 @@ class Model {
   void load_moe(int il, MoeWeights& w);
   void load_attention(const std::string& prefix, LayerWeights& L, int il);
   void load_delta_net(const std::string& prefix, DeltaNetWeights& w);
-  void delta_layer(int il, const Batch& b, ThreadPool& pool);  // a Gated DeltaNet layer (delta_net.h)
+  void load_short_conv(const std::string& prefix, ShortConvWeights& w);
+  // a recurrent layer: Gated DeltaNet (delta_net.h) or short conv (short_conv.h) mixer, then the FFN
+  void recurrent_layer(int il, const Batch& b, ThreadPool& pool);
   void ffn_block(int il, const Batch& b, ThreadPool& pool);    // o_ of the mixer → residual, FFN, residual
   void ffn(int il, const Batch& b, ThreadPool& pool);  // o_ = the FFN (dense or MoE) of h_
   void dense_ffn(int il, int T, ThreadPool& pool);
@@ -128,6 +132,7 @@ class Model {
   ActBuffer act_;
   MoeFfn moe_;
   DeltaNet delta_net_;
+  ShortConv short_conv_;
   RecurrentStatePool* states_ = nullptr;  // the current forward's (hybrid models)
   std::vector<float> qg_, qgate_;         // ArchSpec::attn_gate: [T × 2·n_head·hd] the projection, [T × n_head·hd] its gates
 };

@@ -1,5 +1,6 @@
 // recurrent_state: the per-sequence state of a hybrid model's recurrent layers (Gated DeltaNet: a short conv's
-// last inputs and a matrix per value head), a resource beside the KV blocks. A sequence holds one slot from
+// last inputs and a matrix per value head; LFM2's short convs: their last inputs only, no matrix), a resource
+// beside the KV blocks. A sequence holds one slot from
 // admission until it finishes, is aborted or preempted (where its KV blocks are freed); an n > 1 request
 // reserves a slot per sample at admission and its forks take them, copying the parent's state.
 //
@@ -31,7 +32,7 @@ class RecurrentStatePool {
   // dst's state = other's slot src (a pool of the same layout: state checkpoints)
   void copy_from(const RecurrentStatePool& other, int src, int dst);
   float* conv(int slot, int layer);  // [d_conv - 1][conv_dim]: the conv's last inputs, oldest first
-  float* mat(int slot, int layer);   // [n_v_heads][head_v][head_k]: each value head's state matrix
+  float* mat(int slot, int layer);   // [n_v_heads][head_v][head_k]: each value head's state matrix (or none)
 
   int num_slots() const { return n_slots_; }
   int num_free() const { return (int)free_.size(); }

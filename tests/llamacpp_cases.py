@@ -131,6 +131,8 @@ CONTROLS = [
             keys={"gemma4.final_logit_softcapping": 1e4}),
     Control("qwen35-F32", "DeltaNet decay off", fills={"ssm_a": 0.0}),
     Control("qwen35moe-F32", "shared expert's gate → 0", fills={"ffn_gate_inp_shexp.weight": 0.0}),
+    Control("lfm2-F32", "short conv's taps all 1", fills={"shortconv.conv.weight": 1.0}),
+    Control("lfm2moe-F32", "routing's selection bias off", fills={"exp_probs_b.bias": 0.0}),
 ]
 
 

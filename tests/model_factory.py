@@ -21,7 +21,9 @@ an original context of 16, attention temperature 0.1), phi3 2 (fused attn_qkv an
 rotated, LongRoPE factors with an original context of 256: the long ones at the default context), gpt-oss 2
 (layer 0 local over 8, YaRN x32 from 16 on both, q/k/v/output biases, attention sinks, 8 experts with router and
 expert biases, routed by a softmax over the chosen two, the clamped SwiGLU), gemma4 6 (model_factory_gemma4.py: its
-per-layer shapes and options). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
+per-layer shapes and options), qwen35 / qwen35moe 4 (model_factory_hybrid.py: 3 Gated DeltaNet layers, then
+attention), lfm2 / lfm2moe 4 (model_factory_lfm2.py: gated short convs, layer 2 attention; ``attn_layers``,
+``l_cache``, ``conv_flip``). ``rope_scaling={"type": "linear" | "yarn", "factor": f,
 "original_context": n, "attn_factor": a, "log_mul": m}`` and ``attn_temperature=s`` apply to any arch.
 
 Mixture of experts (qwen3moe always; any arch with ``moe={...}``): 8 experts of width 64 (K-quants: 256),
@@ -54,6 +56,7 @@ import numpy as np
 from pyserve.engine.tokenizer import bytes_to_unicode
 
 import model_factory_hybrid as hybrid
+import model_factory_lfm2 as lfm2
 
 import gguf
 from gguf import GGMLQuantizationType as QT
@@ -61,10 +64,10 @@ from gguf import GGUFWriter, TokenType
 
 QK_K = 256
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-         "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS
+         "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS + lfm2.ARCHS
 GEMMAS = ("gemma2", "gemma3")
 UNTIED_ARCHS = ("olmo2", "gpt-oss")
-MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe")  # always mixtures of experts (any other arch becomes one with moe={...})
+MOE_ARCHS = ("qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "lfm2moe")  # always mixtures of experts (any other arch becomes one with moe={...})
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_256 = K_QUANTS + ("IQ4_XS", "IQ3_S")      # super-blocks of 256 elements
@@ -380,6 +383,8 @@ def default_dims(arch: str, qtype: Any) -> dict:
         d.update(embedding_scale=4.0, residual_scale=0.5, logit_scale=2.0, attention_scale=0.1)
     if arch in hybrid.ARCHS:  # Qwen3.5: 3 Gated DeltaNet layers, then full attention (model_factory_hybrid.py)
         d.update(hybrid.hybrid_dims(kq))
+    if arch in lfm2.ARCHS:  # LFM2: gated short convs and one attention layer (model_factory_lfm2.py)
+        d.update(lfm2.lfm2_dims(kq))
     return d
 
 
@@ -403,6 +408,8 @@ def moe_config(arch: str, qtype: Any, moe: Mapping | None) -> dict | None:
         cfg.update(biases=True)
     if arch == "qwen35moe":  # one shared expert (no count key: the architecture's), its output sigmoid-gated
         cfg.update(n_shared=1, shared_gate=True)
+    if arch == "lfm2moe":  # as the LFM2-8B-A1B file: leading dense layers, sigmoid routing with a choosing bias
+        cfg.update(dense_lead=1, gating=2, select_bias=True)
     cfg.update(moe or {})
     return cfg
 
@@ -490,11 +497,24 @@ def _write_rerank_keys(w: GGUFWriter, template: str | None) -> None:
         w.add_string("tokenizer.chat_template.rerank", template)
 
 
+def _add_hybrid_layer(add, rng, mat, norm, il: int, cfg: dict, moe_cfg: dict | None, own) -> None:
+    """Layer il of a hybrid: its module's (model_factory_hybrid / _lfm2) mixer, then a dense or MoE FFN."""
+    p, E, F = f"blk.{il}.", cfg["n_embd"], cfg["n_ff"]
+    own.add_layer(add, rng, mat, norm, il, cfg)
+    if moe_cfg and il >= moe_cfg["dense_lead"]:
+        _add_experts(add, rng, p, E, moe_cfg)
+        return
+    add(p + "ffn_gate.weight", mat(F, E), "ffn_gate")
+    add(p + "ffn_up.weight", mat(F, E), "ffn_up")
+    add(p + "ffn_down.weight", mat(E, F), "ffn_down")
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool | None = None, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
                      rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
-                     vocab: Mapping[str, Any] | None = None, **dims: Any) -> Path:
+                     vocab: Mapping[str, Any] | None = None, drop: tuple[str, ...] = (),
+                     keys: Mapping[str, Any] | None = None, **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
@@ -505,14 +525,16 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     rerank_bias: the head's cls.output.bias too.
     vocab: ``tokenizer.ggml.*`` metadata (key -> value, e.g. a vocabulary of tests/data/vocab
     read by gguf_vocab.vocab_meta) written in place of the built-in byte-level vocabulary.
+    drop: tensor names or metadata keys left out of the file (an inconsistent file, for the loader's errors).
+    keys: more metadata (key -> bool, int, str or list), e.g. ``{"lfm2.attention.causal": False}``.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
     if arch == "gemma4":  # its own shapes and options: model_factory_gemma4.py
         tied = True if tied is None else tied
         from model_factory_gemma4 import write_gemma4
-        if rope_freqs or biases or moe or rerank:
-            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank")
+        if rope_freqs or biases or moe or rerank or drop or keys:
+            raise ValueError("gemma4 test models take none of rope_freqs, biases, moe, rerank, drop, keys")
         return write_gemma4(path, qtype=qtype, seed=seed, tied=tied, name=name, chat_template=chat_template,
                             vocab=vocab, **dims)
     if tied is None:  # llama.cpp requires output.weight of these (their real files are untied)
@@ -563,15 +585,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
     for il in range(n_layer + (arch == "glm4moe")):  # GLM's NextN block: a whole layer, then its own tensors
         p = f"blk.{il}."
-        if arch in hybrid.ARCHS:
-            hybrid.add_layer(add, rng, mat, norm, il, cfg)
-        if arch in hybrid.ARCHS and moe_cfg:
-            _add_experts(add, rng, p, n_embd, moe_cfg)
-        elif arch in hybrid.ARCHS:
-            add(p + "ffn_gate.weight", mat(n_ff, n_embd), "ffn_gate")
-            add(p + "ffn_up.weight", mat(n_ff, n_embd), "ffn_up")
-            add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
-        if arch in hybrid.ARCHS:
+        if arch in hybrid.ARCHS + lfm2.ARCHS:  # their own mixers
+            _add_hybrid_layer(add, rng, mat, norm, il, cfg, moe_cfg, hybrid if arch in hybrid.ARCHS else lfm2)
             continue
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
@@ -617,7 +632,7 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
             add(p + "nextn.eh_proj.weight", mat(n_embd, 2 * n_embd), "attn_q")
             for part in ("enorm", "hnorm", "shared_head_norm"):
                 add(p + f"nextn.{part}.weight", norm(n_embd))
-    add("output_norm.weight", out_norm_scale * norm(n_embd))
+    add(("token_embd_norm" if arch in lfm2.ARCHS else "output_norm") + ".weight", out_norm_scale * norm(n_embd))
     if not tied:
         add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
     if rerank:  # drawn last: the other tensors stay those of the same seed without a head
@@ -642,13 +657,13 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_block_count(n_layer + (arch == "glm4moe"))
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w.add_head_count_kv(lfm2.kv_heads(cfg) if arch in lfm2.ARCHS else n_head_kv)
     w.add_layer_norm_rms_eps(float(cfg["eps"]))
     w.add_rope_freq_base(float(cfg["rope_base"]))
     if arch in GEMMAS or hd * n_head != n_embd:
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if arch in ("llama", "smollm3", "granite", "mistral3", "phi3"):
+    if arch in ("llama", "smollm3", "granite", "mistral3", "phi3") + lfm2.ARCHS:
         w.add_rope_dimension_count(_rope_dim(arch, hd))
         w.add_vocab_size(n_vocab)
     if arch == "glm4moe":
@@ -658,7 +673,9 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         _write_moe_keys(w, moe_cfg)
     if arch in hybrid.ARCHS:
         hybrid.write_keys(w, cfg)
-    if (arch in GEMMAS or arch == "gpt-oss") and cfg.get("sliding_window"):
+    if arch in lfm2.ARCHS:
+        lfm2.write_keys(w, cfg)
+    if (arch in GEMMAS + ("gpt-oss",) + lfm2.ARCHS) and cfg.get("sliding_window"):
         w.add_sliding_window(int(cfg["sliding_window"]))
     _write_multipliers(w, arch, cfg)
     _write_rope_scaling(w, cfg)
@@ -667,12 +684,17 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     _write_vocab(w, vocab or default_vocab())
+    _write_keys(w, keys or {})
     if chat_template is not None:
         w.add_chat_template(chat_template)
     if rerank:
         _write_rerank_keys(w, rerank_template)
 
+    for key in set(drop) & set(w.kv_data[0]):
+        del w.kv_data[0][key]
     for tname, data, role in tensors:
+        if tname in drop:
+            continue
         t = "F32" if role is None else _qtype_for(role, qtype)
         if t == "F32":
             w.add_tensor(tname, data)
@@ -698,9 +720,12 @@ def default_vocab() -> dict:
 
 def _write_vocab(w: GGUFWriter, vocab: Mapping[str, Any]) -> None:
     """The tokenizer.ggml.* keys, each with the GGUF type llama.cpp reads it as (ids uint32, types int32)."""
-    for key, v in vocab.items():
-        if not key.startswith("tokenizer.ggml."):
-            continue
+    _write_keys(w, {k: v for k, v in vocab.items() if k.startswith("tokenizer.ggml.")})
+
+
+def _write_keys(w: GGUFWriter, keys: Mapping[str, Any]) -> None:
+    """Metadata keys by their Python type: bool, uint32, string, or an array."""
+    for key, v in keys.items():
         if isinstance(v, bool):
             w.add_bool(key, v)
         elif isinstance(v, int):

@@ -38,19 +38,24 @@ def recurrent(cfg: dict, il: int) -> bool:
     return (il + 1) % cfg["full_attention_interval"] != 0
 
 
+def add_attention(add, mat, norm, p: str, cfg: dict, gated: bool) -> None:
+    """A hybrid's attention layer: q (gated: per head the query, then its gate), k, v, per-head q/k norms, output."""
+    E, H, Hkv, hd = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
+    add(p + "attn_q.weight", mat((2 if gated else 1) * H * hd, E), "attn_q")
+    add(p + "attn_k.weight", mat(Hkv * hd, E), "attn_k")
+    add(p + "attn_v.weight", mat(Hkv * hd, E), "attn_v")
+    add(p + "attn_q_norm.weight", norm(hd))
+    add(p + "attn_k_norm.weight", norm(hd))
+    add(p + "attn_output.weight", mat(E, H * hd), "attn_output")
+
+
 def add_layer(add, rng, mat, norm, il: int, cfg: dict) -> None:
     """Layer il's tensors, less its FFN (the caller's, after post_attention_norm)."""
     p, E = f"blk.{il}.", cfg["n_embd"]
     add(p + "attn_norm.weight", norm(E))
     add(p + "post_attention_norm.weight", norm(E))
     if not recurrent(cfg, il):
-        H, Hkv, hd = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
-        add(p + "attn_q.weight", mat(2 * H * hd, E), "attn_q")   # per head: the query, then its gate
-        add(p + "attn_k.weight", mat(Hkv * hd, E), "attn_k")
-        add(p + "attn_v.weight", mat(Hkv * hd, E), "attn_v")
-        add(p + "attn_q_norm.weight", norm(hd))
-        add(p + "attn_k_norm.weight", norm(hd))
-        add(p + "attn_output.weight", mat(E, H * hd), "attn_output")
+        add_attention(add, mat, norm, p, cfg, gated=True)
         return
     S, Hk, Hv, K = cfg["ssm_state"], cfg["ssm_groups"], cfg["ssm_v_heads"], cfg["d_conv"]
     conv_dim, kd = 2 * Hk * S + Hv * S, Hk * S

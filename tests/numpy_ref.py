@@ -40,6 +40,8 @@ Supported architectures (the graph follows llama.cpp's src/models/*.cpp):
   FFN. The norm weights in a GGUF already include Gemma's "+1" (the converter adds it), so they are used
   as they are, like llama.cpp does.
 * ``gemma4`` - its per-layer shapes, shared-KV layers and per-layer embeddings: numpy_ref_gemma4.py.
+* ``qwen35``, ``qwen35moe`` - Gated DeltaNet layers between gated attention ones: numpy_ref_hybrid.py.
+* ``lfm2``, ``lfm2moe`` - gated short-conv layers between qwen3-style attention ones: numpy_ref_lfm2.py.
 """
 from __future__ import annotations
 
@@ -55,12 +57,13 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 import numpy_ref_hybrid as hybrid
+import numpy_ref_lfm2 as lfm2
 
 ROPE_NORM = "norm"   # GGML_ROPE_TYPE_NORM: rotate adjacent pairs (2i, 2i+1)
 ROPE_NEOX = "neox"   # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_rot/2)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "smollm3", "gemma2", "gemma3", "glm4moe", "granite", "olmo2",
-                   "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS
+                   "mistral3", "phi3", "gpt-oss", "gemma4") + hybrid.ARCHS + lfm2.ARCHS
 ROPE_NORM_ARCHS = ("llama", "smollm3", "granite", "mistral3")  # llama.cpp's LLAMA_ROPE_TYPE_NORM; the others NeoX
 SMOLLM3_NO_ROPE_STEP = 4  # llama.cpp hard-codes it (no GGUF key): layers 3, 7, 11, … are position-free
 
@@ -169,7 +172,7 @@ def read_hparams(reader: GGUFReader) -> HParams:
     n_ff_raw = key("feed_forward_length", 0, required=not key("expert_count", 0))
     n_ff = [int(v) for v in n_ff_raw] if isinstance(n_ff_raw, (list, tuple)) else [int(n_ff_raw)] * n_layer
     n_head_raw = key("attention.head_count", required=True)
-    n_head_kv_raw = key("attention.head_count_kv", n_head_raw)
+    n_head_kv_raw = key("attention.head_count_kv", n_head_raw) if arch not in lfm2.ARCHS else lfm2.n_head_kv(key)
     for v in (n_head_raw, n_head_kv_raw):
         if isinstance(v, (list, tuple)) and len(set(v)) != 1:
             raise NotImplementedError("per-layer head counts are not supported")
@@ -212,6 +215,8 @@ def read_hparams(reader: GGUFReader) -> HParams:
     hp.layer_rope_base = [rope_base] * n_layer
     hp.layer_rope_scale = [rope_freq_scale] * n_layer
     hp.layer_roped = [arch != "smollm3" or (il + 1) % SMOLLM3_NO_ROPE_STEP != 0 for il in range(n_layer)]
+    if arch in lfm2.ARCHS:
+        lfm2.read_lfm2(hp, key)
 
     _read_multipliers(hp, key)
     hp.yarn, hp.rope_mscale = yarn, rope_mscale
@@ -817,6 +822,8 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
             o = (hybrid.delta_net(m, hp, p, h, mm) if hp.extra["recurrent"][il] else
                  hybrid.gated_attention(m, hp, p, h, pos, mm, rope, attention, attention_mask(T, None)))
             x = x + o
+        elif hp.arch in lfm2.ARCHS and hp.extra["conv"][il]:  # LFM2: a gated short conv (numpy_ref_lfm2.py)
+            x = x + lfm2.short_conv(m, hp, p, h, mm)
         else:
             x = _attention(m, hp, il, x, h, pos, mm, emu, rope_factors, tr)
         tr(f"l{il}.attn_resid", x)
@@ -836,7 +843,7 @@ def _forward(m: RefModel, token_ids: Sequence[int], rows: Iterable[int] | None, 
         x = x + hp.residual_mult * f
         tr(f"l{il}.out", x)
 
-    x = rms_norm(x[rows_idx], m.weight("output_norm.weight"), hp.eps)
+    x = rms_norm(x[rows_idx], m.weight("token_embd_norm.weight" if hp.arch in lfm2.ARCHS else "output_norm.weight"), hp.eps)
     tr("result_norm", x)
     if hidden_only:
         return x

@@ -93,6 +93,12 @@ CASES += [
     pytest.param("llama", "Q8_0", {"moe": {"n_expert": 4}}, id="llama-Q8_0-mixtral"),
     pytest.param("glm4moe", "F32", {"moe": {"n_expert": 16, "n_used": 4}, "n_layer": 4}, id="glm4moe-F32-16experts"),
     pytest.param("glm4moe", "Q4_K", {"biases": False}, id="glm4moe-Q4_K-nobias"),
+    # lfm2: a window on its attention layers, other layer kinds and conv widths, more experts
+    pytest.param("lfm2", "F32", {"sliding_window": 5}, id="lfm2-F32-window5"),
+    pytest.param("lfm2", "Q8_0", {"sliding_window": 5, "tied": False}, id="lfm2-Q8_0-window5-untied"),
+    pytest.param("lfm2", "F32", {"attn_layers": (0, 3), "l_cache": 5}, id="lfm2-F32-attn0,3-lcache5"),
+    pytest.param("lfm2moe", "F32", {"moe": {"n_expert": 16, "n_used": 4, "dense_lead": 2}},
+                 id="lfm2moe-F32-16experts-denselead2"),
     # soft-caps that bite (the real files' 50 / 30 hardly touch a random model's scores), multipliers, norms
     pytest.param("gemma2", "F32", {"attn_softcap": 1.5, "final_softcap": 2.0}, id="gemma2-F32-softcaps-that-bite"),
     pytest.param("gemma2", "Q8_0", {"sliding_window": 3, "n_layer": 5}, id="gemma2-Q8_0-window3-5layers"),

@@ -3,8 +3,8 @@ of each architecture model_factory writes (the MoE ones included) served by `pys
 and driven with the openai SDK. Greedy text is what the engine's own prefill argmax gives, streamed equals
 not streamed, a repeated prompt is served from the prefix cache with the same text, n=2 forks two samples,
 and speculative decoding (on by default) gives the same bits as a server without it. A hybrid (qwen35: recurrent
-DeltaNet layers) serves from its own state slots (speculation's draft slots among them), its prefix cache resumes
-from state checkpoints, and a client that goes away frees its slot as it frees its blocks.
+DeltaNet layers; lfm2: gated short convs) serves from its own state slots (speculation's draft slots among them),
+its prefix cache resumes from state checkpoints, and a client that goes away frees its slot as it frees its blocks.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_speculative_decoding_changes_no_bit_on_a_moe_or_hybrid_model(models, ar
     assert drafted[0] > 0 and drafted[1] == 0
 
 
-@pytest.mark.parametrize("arch", tm.hybrid.ARCHS)
+@pytest.mark.parametrize("arch", tm.hybrid.ARCHS + tm.lfm2.ARCHS)
 def test_a_hybrids_state_slots_are_reported_and_freed_on_disconnect(tmp_path, arch):
     long = tm.write_test_model(tmp_path / f"{arch}.gguf", arch, qtype="Q8_0", n_ctx=8192)  # a stream of seconds
     with ServerProcess("--model", str(long), "--max-num-seqs", "4").wait_ready() as srv:

@@ -183,7 +183,7 @@ def test_wrong_metadata_type_for_model(tmp_path):
 
 def test_unsupported_architecture_lists_supported(tmp_path):
     path = write_stub_model(tmp_path / "m.gguf", "mamba")
-    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma2, gemma3, gemma4, glm4moe, gpt-oss, granite, llama, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, smollm3"):
+    with pytest.raises(_engine.ModelError, match="'mamba'.*gemma2, gemma3, gemma4, glm4moe, gpt-oss, granite, lfm2, lfm2moe, llama, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, smollm3"):
         _engine.Engine(str(path), n_threads=1)
 
 

@@ -1,8 +1,8 @@
-"""Hybrid models (Qwen3.5: Gated DeltaNet layers between full-attention ones) in the engine: the recurrent state
-as a resource (a slot per running sequence, freed on finish, abort and preemption, copied on an n > 1 fork),
+"""Hybrid models (Qwen3.5: Gated DeltaNet layers between full-attention ones; LFM2: gated short convs between
+attention ones) in the engine: the recurrent state as a resource (a slot per running sequence, freed on finish, abort and preemption, copied on an n > 1 fork),
 chunked prefill and batching giving the same tokens, prefix caching through state checkpoints at block
-boundaries, and a control that must differ (a file with one feature changed). Speculative decoding on them:
-test_hybrid_spec.py."""
+boundaries (a restored run's tokens and logprobs a cold run's), and a control that must differ (a file with one
+feature changed). Speculative decoding on them: test_hybrid_spec.py."""
 from __future__ import annotations
 
 import os
@@ -27,21 +27,27 @@ def _tokens(n: int, seed: int) -> list[int]:
     return [bos] + [int(t) for t in rng.integers(0, bos, n - 1)]
 
 
-@pytest.fixture(scope="module", params=tm.hybrid.ARCHS)
+HYBRIDS = tm.hybrid.ARCHS + tm.lfm2.ARCHS
+# one slot's state bytes: qwen35's 3 DeltaNet layers (conv taps - 1 over the conv channels, then the matrices),
+# lfm2's 3 conv layers (L_cache - 1 over n_embd)
+SLOT_BYTES = {"qwen35": 3 * 4 * (3 * 128 + 4 * 16 * 16), "lfm2": 3 * 4 * (2 * 64)}
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
 def path(tmp_path_factory, request):
     return tm.write_test_model(tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf", request.param, qtype="F32")
 
 
-def run(eng, requests: dict, max_tokens: int = 8, n: int = 1, watch=None) -> dict:
-    """Adds {id: prompt} and steps until all end -> {(id, index): tokens}."""
+def run(eng, requests: dict, max_tokens: int = 8, n: int = 1, watch=None, logprobs: bool = False) -> dict:
+    """Adds {id: prompt} and steps until all end -> {(id, index): tokens} (logprobs: [(token, logprob, top)])."""
     for rid, prompt in requests.items():
-        eng.add(rid, prompt, GREEDY, max_tokens, True, n=n)
+        eng.add(rid, prompt, {**GREEDY, "logprobs": 3} if logprobs else GREEDY, max_tokens, True, n=n)
     out: dict = {}
     while eng.has_work():
         for o in eng.step():
             toks = out.setdefault((o.request_id, o.index), [])
             if o.token >= 0:
-                toks.append(o.token)
+                toks.append((o.token, o.logprob, tuple(o.top)) if logprobs else o.token)
         if watch is not None:
             watch(eng.stats())
     return out
@@ -76,7 +82,7 @@ def test_state_slots_are_taken_and_freed(path):
     eng = _engine.Engine(str(path), n_threads=1, max_num_seqs=3)
     s = eng.stats()
     assert (s["state_slots_total"], s["state_slots_used"]) == (3, 0)
-    assert s["state_slot_bytes"] == 3 * 4 * (3 * 128 + 4 * 16 * 16)  # 3 DeltaNet layers: conv taps - 1 + matrices
+    assert s["state_slot_bytes"] == SLOT_BYTES[eng.hparams["arch"].removesuffix("moe")]
     peak = []
     out = run(eng, {f"r{i}": _tokens(10, 40 + i) for i in range(5)}, watch=lambda st: peak.append(st["state_slots_used"]))
     assert len(out) == 5 and all(len(t) == 8 for t in out.values())
@@ -132,6 +138,19 @@ def test_a_repeated_prompt_resumes_from_a_state_checkpoint(path):
     assert first == second and (s["prefix_cache_hits"], s["state_checkpoint_restores"]) == (36, 1)
 
 
+def test_a_checkpoint_restore_gives_a_cold_runs_logprobs(path):
+    """Restored from the checkpoint after 36 tokens, the continuation's tokens and logprobs (the top 3 too) are
+    bit for bit those of an engine without prefix caching (the state restored is the state computed)."""
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    prompt = _tokens(40, 83)
+    run(eng, {"a": prompt[:38] + [prompt[5]]})  # another tail: its blocks and checkpoints cover prompt[:36]
+    warm = run(eng, {"b": prompt}, max_tokens=10, logprobs=True)
+    assert eng.stats()["state_checkpoint_restores"] == 1 and eng.stats()["prefix_cache_hits"] == 36
+    cold = run(_engine.Engine(str(path), n_threads=1, enable_prefix_caching=False), {"b": prompt}, max_tokens=10,
+               logprobs=True)
+    assert warm == cold and len(warm[("b", 0)]) == 10
+
+
 def test_a_second_turn_resumes_past_the_first_turns_text(path):
     """Turn 2 = turn 1's prompt and answer and more: the hit reaches into the answer (decode steps checkpoint
     every block boundary), and the tokens are a fresh engine's."""
@@ -159,11 +178,16 @@ def test_attention_only_models_hold_no_state(tmp_path):
     assert (s["state_slots_total"], s["state_checkpoints_total"]) == (0, 0)
 
 
-@pytest.mark.parametrize("change", [{"full_attention_interval": 2}, {"ssm_groups": 4}, {"d_conv": 2}])
-def test_a_changed_feature_changes_the_logits(tmp_path, path, change):
-    """The control: the same seed with one DeltaNet feature changed must not match the original's reference (so
-    the match above is no accident of features the engine could ignore)."""
-    arch = _engine.Engine(str(path), n_threads=1).hparams["arch"]
+CHANGES = [(a, c) for a in tm.hybrid.ARCHS for c in ({"full_attention_interval": 2}, {"ssm_groups": 4}, {"d_conv": 2})]
+CHANGES += [(a, c) for a in tm.lfm2.ARCHS for c in ({"conv_flip": True}, {"l_cache": 4}, {"attn_layers": (1,)})]
+
+
+@pytest.mark.parametrize("arch,change", CHANGES, ids=[f"{a}-{next(iter(c))}" for a, c in CHANGES])
+def test_a_changed_feature_changes_the_logits(tmp_path, arch, change):
+    """The control: the same seed with one recurrent feature changed (lfm2: each conv's taps reversed, a wider
+    L_cache, the attention layer moved) must not match the original's reference (so the match above is no accident
+    of features the engine could ignore)."""
+    path = tm.write_test_model(tmp_path / "orig.gguf", arch, qtype="F32")
     other = tm.write_test_model(tmp_path / "other.gguf", arch, qtype="F32", **change)
     toks = _tokens(24, 1)
     got = _engine.Engine(str(other), n_threads=1).prompt_logits(toks)

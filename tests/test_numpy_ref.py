@@ -56,9 +56,14 @@ def test_model_loads_and_gives_finite_logits(model_dir, arch, qtype):
     p = model(model_dir, arch, qtype)
     r = GGUFReader(str(p))
     names = {t.name for t in r.tensors}
-    assert {"token_embd.weight", "output_norm.weight", "blk.0.attn_qkv.weight" if arch in ("phi3", *tm.hybrid.ARCHS) else "blk.0.attn_q.weight"} <= names
+    lfm2 = arch in tm.lfm2.ARCHS
+    assert {"token_embd.weight", "token_embd_norm.weight" if lfm2 else "output_norm.weight"} <= names
+    assert {"blk.0.shortconv.in_proj.weight" if lfm2 else "blk.0.attn_qkv.weight" if arch in ("phi3", *tm.hybrid.ARCHS)
+            else "blk.0.attn_q.weight"} <= names
     if arch in tm.hybrid.ARCHS:  # layers 0-2 Gated DeltaNet, layer 3 full attention
         assert {"blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.3.attn_q.weight", "blk.3.attn_q_norm.weight"} <= names
+    if lfm2:  # layers 0, 1, 3 short convs, layer 2 attention
+        assert {"blk.0.shortconv.conv.weight", "blk.3.shortconv.out_proj.weight", "blk.2.attn_q_norm.weight"} <= names
     assert {"blk.1.ffn_down_exps.weight" if arch in tm.MOE_ARCHS else "blk.1.ffn_down.weight"} <= names
     assert ("blk.0.attn_q.bias" in names) == (arch in ("qwen2", "glm4moe", "gpt-oss"))
     assert ("blk.0.attn_q_norm.weight" in names) == (arch in ("gemma3", "gemma4", "qwen3", "qwen3moe", "olmo2"))

@@ -229,3 +229,19 @@ def test_unknown_pre_falls_back_to_gpt2(caplog):
     assert "no-such-pre" in caplog.text
     for text, expected in read_vectors("gpt-2"):
         assert tok.encode(text, add_special=False) == expected
+
+
+def test_lfm2_pre_is_llama3s():
+    """LFM2's files name their pre-tokenizer "lfm2", which llama.cpp's vocab loader runs as llama3's (its regex,
+    ignore_merges, BOS added): Llama 3's vocabulary under that name gives llama.cpp's ids for Llama 3's vectors,
+    and the control (the same vocabulary under an unknown name, GPT-2's split) does not."""
+    meta = dict(vocab_meta("llama-bpe"))
+    meta["tokenizer.ggml.pre"] = "lfm2"
+    meta.pop("tokenizer.ggml.add_bos_token", None)  # the pre-tokenizer's default decides
+    tok = Tokenizer.from_gguf_metadata(meta)
+    assert tok.add_bos and tok.encode("Hello", add_special=True) == [128000, 9906]
+    vectors = read_vectors("llama-bpe")
+    assert all(tok.encode(text, add_special=False) == ids for text, ids in vectors)
+    meta["tokenizer.ggml.pre"] = "no-such-pre"
+    other = Tokenizer.from_gguf_metadata(meta)
+    assert any(other.encode(text, add_special=False) != ids for text, ids in vectors)

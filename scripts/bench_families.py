@@ -1,0 +1,120 @@
+"""The model families at the shapes users run, pyserve beside llama.cpp on the same files, in one run.
+
+    python3 scripts/bench_families.py --llama-bench BIN/llama-bench [--llama-lib DIR] [--families ...] [--rounds 2]
+
+Each family's file is written by tests/model_factory.py with random weights (they run at the speed of real
+ones) at the real model's widths, the real vocabulary size (Qwen's 151,936 tokens: tests/data/vocab's qwen2
+vocabulary) and, for the mixtures of experts, their real expert counts and sizes but fewer layers, quantized
+as Q4_K_M files are (Q4_K; Q6_K for attn_v, ffn_down and the output head) or, for gpt-oss, with MXFP4
+experts beside Q8_0. pyserve's offline engine (scripts/bench_moe.py's bench: 512-token prefill, one decoded
+stream, 8 streams) and `llama-bench -t N -p 512 -n 64` alternate `--rounds` times; each keeps its best.
+Decode is reported as the weight bytes a token reads (everything but the embedding table, the chosen
+experts' share of the expert tensors) × tokens/s, against --bandwidth (scripts/bench_bandwidth.py).
+--llama-lib puts a folder first on llama-bench's library path: on a CPU with AMX, a libggml-cpu.so built
+without it (ggml's AMX matmul crashes on these files there; docs/BENCHMARKS.md says how it was built).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gguf_vocab  # noqa: E402
+import model_factory as tm  # noqa: E402
+from bench_engine import best_of  # noqa: E402
+from bench_moe import bench  # noqa: E402
+
+Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_down_exps": "Q6_K", "output": "Q6_K"}
+MXFP4 = {"default": "Q8_0", "ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"}
+# name: (arch, qtype, dims, moe); widths from each model's config.json, layers fewer where noted
+FAMILIES = {
+    "qwen3-1.7b": ("qwen3", Q4_K_M, dict(n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128,
+                                          n_ff=6144), None),
+    "qwen3-30b-a3b (2 of 48 layers)": ("qwen3moe", Q4_K_M, dict(n_embd=2048, n_layer=2, n_head=32, n_head_kv=4,
+                                                                  head_dim=128, n_ff=6144),
+                                        {"n_expert": 128, "n_used": 8, "n_ff": 768}),
+    "gpt-oss-20b (2 of 24 layers)": ("gpt-oss", MXFP4, dict(n_embd=2880, n_layer=2, n_head=64, n_head_kv=8,
+                                                            head_dim=64, n_ff=2880, sliding_window=128),
+                                     {"n_expert": 32, "n_used": 4, "n_ff": 2880}),
+    "qwen3.5-2b-like": ("qwen35", Q4_K_M, dict(n_embd=2048, n_layer=24, n_head=8, n_head_kv=2, head_dim=256,
+                                                n_ff=6144, ssm_state=128, ssm_groups=16, ssm_v_heads=16), None),
+}
+
+
+def write(folder: str, name: str) -> str:
+    arch, qtype, dims, moe = FAMILIES[name]
+    path = os.path.join(folder, name.split(" ")[0] + ".gguf")
+    tm.write_test_model(path, arch, qtype=qtype, moe=moe, tied=False, vocab=gguf_vocab.vocab_meta("qwen2"),
+                        n_ctx=4096, **dims)
+    return path
+
+
+def active_bytes(path: str) -> float:
+    """Weight bytes one decoded token reads: all tensors but the embedding table; of the experts' tensors
+    the n_used / n_expert share."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+    arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
+    used = r.fields.get(f"{arch}.expert_used_count")
+    count = r.fields.get(f"{arch}.expert_count")
+    share = float(used.parts[-1][0]) / float(count.parts[-1][0]) if used and count else 1.0
+    total = 0.0
+    for t in r.tensors:
+        if t.name != "token_embd.weight":
+            total += t.n_bytes * (share if "_exps" in t.name else 1.0)
+    return total
+
+
+def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
+    """llama-bench's prefill and decode tokens/s on `path`; {} if it fails (its error printed)."""
+    cmd = [binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "64", "-r", "1", "-o", "json"]
+    env = {**os.environ, "LD_LIBRARY_PATH": lib} if lib else None
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        print(f"llama-bench failed on {path} (rc {p.returncode}): {p.stderr[-300:]}", flush=True)
+        return {}
+    rows = json.loads(p.stdout)
+    return {("prefill_tok_s" if row["n_prompt"] else "decode_tok_s"): row["avg_ts"] for row in rows}
+
+
+def report(name: str, path: str, ours: dict, theirs: dict, bandwidth: float) -> None:
+    per_tok = active_bytes(path)
+    dec, pre = ours["decode_tok_s"], ours["prefill_tok_s"]
+    ld, lp = theirs.get("decode_tok_s", float("nan")), theirs.get("prefill_tok_s", float("nan"))
+    print(f"| {name} | {os.path.getsize(path) / 2**20:,.0f} MiB | {per_tok / 2**20:,.0f} MiB | "
+          f"{dec:.1f} / {ld:.1f} ({dec / ld:.2f}×) | {dec * per_tok / 1e9:.1f} GB/s "
+          f"({100 * dec * per_tok / 1e9 / bandwidth:.0f} %) | {pre:.1f} / {lp:.1f} ({pre / lp:.2f}×) | "
+          f"{ours['batch8_tok_s']:.1f} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llama-bench", required=True, help="llama-bench from ../shared/tools/build_peer.sh")
+    ap.add_argument("--llama-lib", default=None, help="a folder put first on llama-bench's library path")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated names of FAMILIES")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--bandwidth", type=float, default=29.9, help="GB/s read with --threads (bench_bandwidth.py)")
+    args = ap.parse_args()
+    print("| family | file | read per token | decode tok/s pyserve / llama.cpp | pyserve read | "
+          "512-token prefill tok/s pyserve / llama.cpp | pyserve 8 streams tok/s |\n|---|---|---|---|---|---|---|")
+    for name in args.families.split(","):
+        with tempfile.TemporaryDirectory() as d:
+            path = write(d, name)
+            ours: dict = {}
+            theirs: dict = {}
+            for _ in range(args.rounds):  # alternate, keep each one's best: load from elsewhere hits both
+                best_of(ours, bench(path, args.threads))
+                best_of(theirs, llama_bench(args.llama_bench, args.llama_lib, path, args.threads))
+            report(name, path, ours, theirs, args.bandwidth)
+
+
+if __name__ == "__main__":
+    main()
