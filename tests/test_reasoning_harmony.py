@@ -114,3 +114,24 @@ def test_json_schema_applies_to_the_final_channel_after_a_budget(harmony, budget
     assert len(head) <= 3 + budget  # <|channel|> analysis <|message|> (as spelled) and the budget's tokens
     assert "<|" not in (getattr(msg, "reasoning_content", None) or "") + msg.content
     assert out.choices[0].finish_reason == "stop"
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+def test_a_tool_result_goes_back_as_the_functions_message(harmony):
+    """A call in the history is rendered as the commentary message to the function (its arguments decoded,
+    not a JSON string of JSON), its result as the function's own message, the tools as the developer message's
+    TypeScript namespace; the model's calls are read back by tool_parsers/harmony.py (test_tool_parsers.py)."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]
+    out = harmony.chat.completions.create(model=harmony.models.list().data[0].id, messages=history, tools=WEATHER,
+                                          temperature=0, max_tokens=1, extra_body={"prompt_logprobs": 0})
+    text = "".join(next(iter(p.values()))["decoded_token"] for p in out.model_extra["prompt_logprobs"][1:])
+    assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
+            '<|call|>') in text
+    assert '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"Sunny, 21 C"<|end|>' in text
+    assert "namespace functions" in text and "type get_weather" in text

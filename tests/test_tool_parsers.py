@@ -134,6 +134,17 @@ CASES = {
         "no_close_tag": ('<|tool_call>call:get_time{tz:<|"|>Europe/Paris<|"|>}', None, [("get_time", T)]),
         "text": ("A call looks like call:f{}.", "A call looks like call:f{}.", []),
     },
+    "openai": {  # gpt-oss's harmony: a commentary message addressed to the function
+        "one": (f"<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{W}<|call|>", None,
+                [("get_weather", W)]),
+        "text_first": (f"<|channel|>commentary<|message|>{LEAD}<|end|><|start|>assistant to=functions.get_weather"
+                       f"<|channel|>commentary json<|message|>{W}<|call|>", LEAD, [("get_weather", W)]),
+        "recipient_after_channel": (f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{W}",
+                                    None, [("get_weather", W)]),
+        "unicode": (f"<|start|>assistant to=functions.note<|channel|>commentary json<|message|>{U}<|call|>", None,
+                    [("note", U)]),
+        "text": ("Use <|channel|> markers? Not here.", "Use <|channel|> markers? Not here.", []),
+    },
     "json_envelope": {
         "one": (f'{{"tool_calls": [{{"name": "get_weather", "arguments": {W}}}]}}', None, [("get_weather", W)]),
         "parallel": (f'{{"tool_calls": [{{"name": "get_weather", "arguments": {W}}}, {{"name": "get_time", '
@@ -367,6 +378,7 @@ MALFORMED = {
                     "<tool_call>\n<function=>\n</function>\n</tool_call>"],
     "gemma4": ["<|tool_call>", "Hi <|tool_call", "<|tool_call>call:", "<|tool_call>get_weather{}<tool_call|>",
                "<|tool_call>call:get weather{}<tool_call|>", "<|tool_call>call:f", "<|tool_call>call:{}<tool_call|>"],
+    "openai": ["<|channel|>commentary", "Hi <|start|>assistant", "<|start|>assistant to=functions.f<|channel|>commentary"],
     "json_envelope": ['{"answer": 1}', '{"tool_calls": "x"}', '{"response": 3}', '{"response": "\\q"}', "[]",
                       '{"tool_calls": [{"arguments": {}}]}'],
 }

@@ -17,6 +17,7 @@ _FAMILIES = (
     ("glm45", ("<arg_key>",)),
     ("qwen3_coder", ("<parameter=",)),
     ("gemma4", ("<|tool_call>call:",)),
+    ("openai", ("<|channel|>commentary",)),  # gpt-oss's harmony
     ("hermes", ("<tool_call>",)),
     ("pythonic", ("[func_name1(",)),  # vLLM's and Llama 4's instruction "[func_name1(params_name1=…), …]"
     ("llama3_json", ("<|start_header_id|>ipython<|end_header_id|>", "<|python_tag|>", '"parameters"')),
