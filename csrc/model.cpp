@@ -270,11 +270,13 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const int T = (int)b.size(), hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il), bs = kv.block_size();
   const int group = hp_.n_head / n_kv, qd = hp_.n_head * hd;
   const int window = hp_.is_local(il) ? hp_.n_swa : 0;
+  const KVDType dt = kv.dtype();
+  const size_t head_bytes = kv_row_bytes(dt, hd);  // one KV head's part of a slot's row
   for (int t = 0; t < T && src == il; t++) {
     const std::vector<int32_t>& tab = *b.tables[t];
     int p = b.pos[t];
-    to_f16(k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
-    to_f16(v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
+    kv_write_row(dt, k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
+    kv_write_row(dt, v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
   }
   const int64_t items = (int64_t)T * n_kv;
   auto work = [&](int ith, int nth) {
@@ -285,16 +287,16 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
       grow(sc, (size_t)len * group);
       const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      std::vector<const uint16_t*>& krows = krows_[ith];
-      std::vector<const uint16_t*>& vrows = vrows_[ith];
+      std::vector<const uint8_t*>& krows = krows_[ith];
+      std::vector<const uint8_t*>& vrows = vrows_[ith];
       krows.resize(len);
       vrows.resize(len);
       for (int j = 0; j < len; j++) {
         const int blk = tab[(lo + j) / bs], slot = (lo + j) % bs;
-        krows[j] = kv.k(src, blk, slot) + g * hd;
-        vrows[j] = kv.v(src, blk, slot) + g * hd;
+        krows[j] = kv.k(src, blk, slot) + g * head_bytes;
+        vrows[j] = kv.v(src, blk, slot) + g * head_bytes;
       }
-      attention_scores_f16(q, group, hd, krows.data(), len, sc.data(), vrows.data());
+      kv_scores(dt, q, group, hd, krows.data(), len, sc.data(), vrows.data());
       for (size_t i = 0; i < (size_t)len * group; i++) sc[i] *= hp_.attn_scale;
       if (hp_.attn_softcap > 0.f) softcap(sc.data(), (size_t)len * group, hp_.attn_softcap);
       float inv[64];  // 1 / softmax denominator per head of the group
@@ -304,7 +306,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
       }
       for (int h = 0; h < group; h++)
         for (int j = 0; j < len; j++) sc[(size_t)h * len + j] *= inv[h];
-      weighted_sum_f16(sc.data(), group, len, vrows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
+      kv_weighted_sum(dt, sc.data(), group, len, vrows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
     }
   };
   if (items <= 1) work(0, 1);

@@ -117,7 +117,7 @@ class Model {
   std::vector<float> rope_cs_;  // [global, local][T][cs_stride()]: cos/sin of each token's position
   int cs_stride() const { return std::max(hp_.rope_dim, hp_.rope_dim_swa); }
   std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights
-  std::vector<std::vector<const uint16_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended
+  std::vector<std::vector<const uint8_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended (kv_rows.h)
   ActBuffer act_;
   MoeFfn moe_;
   DeltaNet delta_net_;
