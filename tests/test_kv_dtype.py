@@ -5,6 +5,7 @@ follow the dtype's bytes, and on the real default model every dtype keeps batch 
 close to f16, and q8_0 agrees with the f32 reference on the next token of a teacher-forced text."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,9 @@ from pyserve.engine.options import EngineOptions
 
 import model_factory
 from prompts import PROMPTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from bench_kv_dtype import compare, next_token_scores  # noqa: E402
 
 T = _engine.testing
 DTYPES = ["f32", "f16", "bf16", "q8_0"]
@@ -139,25 +143,14 @@ def text_ids(llm):
     return llm.tokenizer.encode(text)[:400]
 
 
-def next_token_stats(llm, ref_logits, ids):
-    logits = llm.prompt_logits(ids)[:-1].astype(np.float64)
-    lp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
-    ref = ref_logits - np.logaddexp.reduce(ref_logits, axis=1, keepdims=True)
-    nxt = np.array(ids[1:])
-    rows_ = np.arange(len(nxt))
-    delta = np.abs(lp[rows_, nxt] - ref[rows_, nxt]).mean()
-    return delta, (logits.argmax(axis=1) == ref_logits.argmax(axis=1)).mean()
-
-
 def test_teacher_forced_text_against_the_f32_reference(llm, engines, text_ids):
     """f32 KV is the accuracy reference. On this model any rounding of K/V moves the next token's logprob by
     ~0.1 nats on average (f16 against bf16 as much as either against f32; measured 0.096 for f16, 0.097 bf16,
     0.101 q8_0 on these 400 tokens): q8_0 costs about what the default f16 does, and picks the f32 cache's top
     token as often (docs/BENCHMARKS.md measures it over a longer text)."""
     assert len(text_ids) == 400
-    ref = engines["f32"].prompt_logits(text_ids)[:-1].astype(np.float64)
-    got = {"f16": next_token_stats(llm, ref, text_ids),
-           **{d: next_token_stats(engines[d], ref, text_ids) for d in ("bf16", "q8_0")}}
+    ref = next_token_scores(engines["f32"], text_ids)
+    got = {d: compare(next_token_scores(engines.get(d, llm), text_ids), ref) for d in ("f16", "bf16", "q8_0")}
     for d, (delta, top1) in got.items():
         assert 0 < delta < 0.15 and top1 > 0.9, (d, delta, top1)
     assert got["q8_0"][0] < 1.25 * got["f16"][0] and got["q8_0"][1] > got["f16"][1] - 0.02
