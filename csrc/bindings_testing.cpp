@@ -16,6 +16,7 @@
 #include "bindings.h"
 #include "block_manager.h"
 #include "grammar.h"
+#include "attention.h"
 #include "kv_rows.h"
 #include "ops.h"
 #include "packed.h"
@@ -244,7 +245,34 @@ py::array_t<float> py_kv_weighted_sum(const std::string& dtype, f32array w, u8ar
   return out;
 }
 
+// One attention work item: q [group, hd] over stored k, v [len, row_bytes]; impl "online" (attend_online, the
+// first tile `lead` rows, then `tile`) or "ref" (attend_ref). sinks: [group] or empty.
+py::array_t<float> py_attend(const std::string& dtype, f32array q, u8array k, u8array v, float scale, float softcap,
+                             const std::vector<float>& sinks, int lead, int tile, const std::string& impl) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  if (q.ndim() != 2) throw std::invalid_argument("q must be 2-D [group, hd]");
+  const int G = (int)q.shape(0), hd = (int)q.shape(1);
+  const std::vector<const uint8_t*> kr = kv_rows_of(t, k, hd), vr = kv_rows_of(t, v, hd);
+  if (kr.size() != vr.size() || kr.empty() || lead < 1 || tile < 1 || (!sinks.empty() && (int)sinks.size() != G))
+    throw std::invalid_argument("k and v need the same rows (at least one); lead, tile >= 1; sinks [group] or []");
+  const AttnHead a{t, G, hd, scale, softcap, sinks.empty() ? nullptr : sinks.data()};
+  py::array_t<float> out({(py::ssize_t)G, (py::ssize_t)hd});
+  if (impl == "online") {
+    AttnScratch sc;
+    attend_online(a, q.data(), kr.data(), vr.data(), (int)kr.size(), lead, tile, sc, out.mutable_data());
+  } else if (impl == "ref") {
+    std::vector<float> sc;
+    attend_ref(a, q.data(), kr.data(), vr.data(), (int)kr.size(), sc, out.mutable_data());
+  } else {
+    throw std::invalid_argument("impl must be 'online' or 'ref'");
+  }
+  return out;
+}
+
 void bind_kv_rows(py::module_& m) {
+  m.def("attend", &py_attend, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale") = 1.f,
+        py::arg("softcap") = 0.f, py::arg("sinks") = std::vector<float>{}, py::arg("lead") = 16, py::arg("tile") = 128,
+        py::arg("impl") = "online");
   m.def("kv_row_bytes", [](const std::string& d, int64_t n) { return kv_row_bytes(kv_dtype_from_name(d), n); });
   m.def("kv_write", &py_kv_write, py::arg("dtype"), py::arg("x"), "x [rows, n] f32 -> stored rows [rows, bytes]");
   m.def("kv_read", &py_kv_read, py::arg("dtype"), py::arg("raw"), py::arg("n"), "stored rows -> [rows, n] f32");

@@ -173,3 +173,52 @@ def test_a_q8_0_server_streams_text(model_path):
         line = f'pyserve:kv_cache_bytes{{model_name="{s.model}"}} '
         metrics = [m for m in httpx.get(s.url + "/metrics").text.splitlines() if m.startswith(line)]
         assert [float(m.removeprefix(line)) for m in metrics] == [info["stats"]["kv_cache_bytes"]]
+
+
+def softmax_attention(q, k, v, scale, softcap, sinks):
+    """float64: out = softmax(scale · q·kᵀ, soft-capped, with sink logits in the denominator) · v."""
+    s = (q.astype(np.float64) @ k.T.astype(np.float64)) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    m = s.max(axis=1, keepdims=True)
+    if len(sinks):
+        m = np.maximum(m, np.array(sinks)[:, None])
+    e = np.exp(s - m)
+    denom = e.sum(axis=1, keepdims=True) + (np.exp(np.array(sinks)[:, None] - m) if len(sinks) else 0)
+    return (e / denom) @ v.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group,hd,length,lead,tile", [(1, 256, 1, 16, 128), (4, 64, 300, 5, 32), (2, 128, 129, 16, 128),
+                                                       (3, 32, 50, 1, 16), (8, 256, 700, 16, 128)])
+def test_online_softmax_agrees_with_the_full_one(dtype, group, hd, length, lead, tile):
+    """attend_online (tiles of keys, a running max and denominator) against attend_ref, the kernel it replaced
+    (every score, one softmax): the same within float32 rounding, with and without soft-capping and sinks;
+    both against float64 over the same stored rows."""
+    rng = np.random.default_rng(group * 7 + length)
+    k, v = T.kv_write(dtype, rows(rng, length, hd)), T.kv_write(dtype, rows(rng, length, hd))
+    q = rows(rng, group, hd, scale=0.5)
+    kf, vf = T.kv_read(dtype, k, hd), T.kv_read(dtype, v, hd)
+    for softcap, sinks in ((0.0, []), (5.0, []), (0.0, list(rng.standard_normal(group) * 3))):
+        args = (dtype, q, k, v, hd ** -0.5, softcap, sinks, lead, tile)
+        online, ref = T.attend(*args, impl="online"), T.attend(*args, impl="ref")
+        np.testing.assert_allclose(online, ref, rtol=0, atol=2e-6)
+        np.testing.assert_allclose(online, softmax_attention(q, kf, vf, hd ** -0.5, softcap, sinks), rtol=0, atol=2e-6)
+        np.testing.assert_allclose(ref, softmax_attention(q, kf, vf, hd ** -0.5, softcap, sinks), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+def test_past_the_full_kernel_the_tiled_one_keeps_batch_invariance(llm, engines, dtype):
+    """Over 1,100 positions the global layers attend through attend_online (kAttnFullRows = 1024): a long
+    prompt's tokens are the same alone and batched, and its prompt logprobs (prefill rows, in chunks) are
+    the generated ones (decode steps) bit for bit."""
+    eng = llm if dtype == "f16" else engines[dtype]
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    ids = eng.tokenizer.encode(text)[:1100]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
+    alone = eng.generate([{"prompt_token_ids": ids}], params)[0].outputs[0]
+    both = eng.generate([{"prompt_token_ids": ids}, PROMPTS[0]], params)[0].outputs[0]
+    assert (both.token_ids, both.logprobs) == (alone.token_ids, alone.logprobs)
+    scored = eng.generate([{"prompt_token_ids": ids + alone.token_ids}],
+                          SamplingParams(max_tokens=0, prompt_logprobs=2))[0].prompt_logprobs
+    assert scored[len(ids):] == alone.logprobs
