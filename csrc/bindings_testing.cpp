@@ -16,6 +16,8 @@
 #include "bindings.h"
 #include "block_manager.h"
 #include "grammar.h"
+#include "attention.h"
+#include "kv_rows.h"
 #include "ops.h"
 #include "packed.h"
 #include "quant.h"
@@ -183,6 +185,100 @@ void bind_quant(py::module_& m) {
     return py::dict(py::arg("name") = tt.name, py::arg("block_size") = tt.block_size,
                     py::arg("type_size") = tt.type_size);
   });
+}
+
+// ---- KV cache rows (kv_rows.h: each kernel against its scalar twin, the formats against llama.cpp's) ----
+
+// x: [rows, n] → [rows, kv_row_bytes(dtype, n)] stored rows.
+py::array_t<uint8_t> py_kv_write(const std::string& dtype, f32array x) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  if (x.ndim() != 2) throw std::invalid_argument("x must be 2-D [rows, n]");
+  const py::ssize_t rows = x.shape(0), n = x.shape(1), rb = (py::ssize_t)kv_row_bytes(t, n);
+  if (n % kv_dtype_block(t)) throw std::invalid_argument("n is not a multiple of the dtype's block");
+  py::array_t<uint8_t> out({rows, rb});
+  for (py::ssize_t r = 0; r < rows; r++) kv_write_row(t, x.data() + r * n, out.mutable_data() + r * rb, n);
+  return out;
+}
+
+// The row pointers of raw [len, row_bytes] stored rows, checked against a width of hd values.
+std::vector<const uint8_t*> kv_rows_of(KVDType t, const u8array& raw, int hd) {
+  if (raw.ndim() != 2 || (size_t)raw.shape(1) != kv_row_bytes(t, hd) || hd % kv_dtype_block(t))
+    throw std::invalid_argument("rows must be 2-D [len, kv_row_bytes(dtype, hd)]");
+  std::vector<const uint8_t*> rows(raw.shape(0));
+  for (size_t j = 0; j < rows.size(); j++) rows[j] = raw.data() + j * raw.shape(1);
+  return rows;
+}
+
+py::array_t<float> py_kv_read(const std::string& dtype, u8array raw, int n) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  const std::vector<const uint8_t*> rows = kv_rows_of(t, raw, n);
+  py::array_t<float> out({(py::ssize_t)rows.size(), (py::ssize_t)n});
+  for (size_t j = 0; j < rows.size(); j++) kv_read_row(t, rows[j], out.mutable_data() + j * n, n);
+  return out;
+}
+
+// q: [nh, hd], k: [len, row_bytes] → s[nh, len]; impl "simd" (the engine's) or "ref" (the scalar twin).
+py::array_t<float> py_kv_scores(const std::string& dtype, f32array q, u8array k, const std::string& impl) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  if (q.ndim() != 2) throw std::invalid_argument("q must be 2-D [nh, hd]");
+  const int nh = (int)q.shape(0), hd = (int)q.shape(1);
+  const std::vector<const uint8_t*> rows = kv_rows_of(t, k, hd);
+  const int len = (int)rows.size();
+  py::array_t<float> out({(py::ssize_t)nh, (py::ssize_t)len});
+  if (impl == "ref") kv_scores_ref(t, q.data(), nh, hd, rows.data(), len, out.mutable_data());
+  else if (impl == "simd") kv_scores(t, q.data(), nh, hd, rows.data(), len, out.mutable_data(), rows.data());
+  else throw std::invalid_argument("impl must be 'ref' or 'simd'");
+  return out;
+}
+
+// w: [nh, len], v: [len, row_bytes] → out[nh, hd].
+py::array_t<float> py_kv_weighted_sum(const std::string& dtype, f32array w, u8array v, int hd, const std::string& impl) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  if (w.ndim() != 2) throw std::invalid_argument("w must be 2-D [nh, len]");
+  const std::vector<const uint8_t*> rows = kv_rows_of(t, v, hd);
+  const int nh = (int)w.shape(0), len = (int)w.shape(1);
+  if ((size_t)len != rows.size()) throw std::invalid_argument("w's second dimension must be v's rows");
+  py::array_t<float> out({(py::ssize_t)nh, (py::ssize_t)hd});
+  if (impl == "ref") kv_weighted_sum_ref(t, w.data(), nh, len, rows.data(), hd, out.mutable_data());
+  else if (impl == "simd") kv_weighted_sum(t, w.data(), nh, len, rows.data(), hd, out.mutable_data());
+  else throw std::invalid_argument("impl must be 'ref' or 'simd'");
+  return out;
+}
+
+// One attention work item: q [group, hd] over stored k, v [len, row_bytes]; impl "online" (attend_online, the
+// first tile `lead` rows, then `tile`) or "ref" (attend_ref). sinks: [group] or empty.
+py::array_t<float> py_attend(const std::string& dtype, f32array q, u8array k, u8array v, float scale, float softcap,
+                             const std::vector<float>& sinks, int lead, int tile, const std::string& impl) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  if (q.ndim() != 2) throw std::invalid_argument("q must be 2-D [group, hd]");
+  const int G = (int)q.shape(0), hd = (int)q.shape(1);
+  const std::vector<const uint8_t*> kr = kv_rows_of(t, k, hd), vr = kv_rows_of(t, v, hd);
+  if (kr.size() != vr.size() || kr.empty() || lead < 1 || tile < 1 || (!sinks.empty() && (int)sinks.size() != G))
+    throw std::invalid_argument("k and v need the same rows (at least one); lead, tile >= 1; sinks [group] or []");
+  const AttnHead a{t, G, hd, scale, softcap, sinks.empty() ? nullptr : sinks.data()};
+  py::array_t<float> out({(py::ssize_t)G, (py::ssize_t)hd});
+  if (impl == "online") {
+    AttnScratch sc;
+    attend_online(a, q.data(), kr.data(), vr.data(), (int)kr.size(), lead, tile, sc, out.mutable_data());
+  } else if (impl == "ref") {
+    std::vector<float> sc;
+    attend_ref(a, q.data(), kr.data(), vr.data(), (int)kr.size(), sc, out.mutable_data());
+  } else {
+    throw std::invalid_argument("impl must be 'online' or 'ref'");
+  }
+  return out;
+}
+
+void bind_kv_rows(py::module_& m) {
+  m.def("attend", &py_attend, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale") = 1.f,
+        py::arg("softcap") = 0.f, py::arg("sinks") = std::vector<float>{}, py::arg("lead") = 16, py::arg("tile") = 128,
+        py::arg("impl") = "online");
+  m.def("kv_row_bytes", [](const std::string& d, int64_t n) { return kv_row_bytes(kv_dtype_from_name(d), n); });
+  m.def("kv_write", &py_kv_write, py::arg("dtype"), py::arg("x"), "x [rows, n] f32 -> stored rows [rows, bytes]");
+  m.def("kv_read", &py_kv_read, py::arg("dtype"), py::arg("raw"), py::arg("n"), "stored rows -> [rows, n] f32");
+  m.def("kv_scores", &py_kv_scores, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("impl") = "simd");
+  m.def("kv_weighted_sum", &py_kv_weighted_sum, py::arg("dtype"), py::arg("w"), py::arg("v"), py::arg("hd"),
+        py::arg("impl") = "simd");
 }
 
 // ---- sampler (unit-tested on synthetic logits) ----
@@ -396,6 +492,7 @@ void bind_testing(py::module_& m) {
   m.def("pool_chunk_runs", &pool_chunk_runs, py::arg("threads"), py::arg("n_chunks"), py::arg("jobs"));
   m.def("pool_takeover", &pool_takeover, py::arg("n_chunks"), py::arg("jobs"));
   bind_quant(m);
+  bind_kv_rows(m);
   py::class_<PySampler>(m, "Sampler", "the sampler alone, on logits given to it")
       .def(py::init<int, const py::kwargs&>(), py::arg("n_vocab"))
       .def("set_prompt", &PySampler::set_prompt)

@@ -73,7 +73,24 @@ void check_config(const EngineConfig& c) {
   need(c.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive, got " + std::to_string(c.max_num_batched_tokens));
   need(c.target_itl >= 0 && std::isfinite(c.target_itl), "target_itl must be >= 0 seconds (0: off)");
   need(c.speculative_ngram >= 0, "speculative_ngram must be an integer >= 0 (0: off), got " + std::to_string(c.speculative_ngram));
+  kv_dtype_from_name(c.kv_cache_dtype);
 }
+
+namespace {
+
+// A q8_0 cache stores each head's K and V rows in whole blocks of 32 values.
+void check_kv_widths(const HParams& hp, KVDType dtype) {
+  const std::vector<int> w = hp.kv_widths();
+  const int blk = kv_dtype_block(dtype);
+  for (int il = 0; il < hp.n_layer; il++)
+    if (w[il] > 0 && hp.layer_head_dim(il) % blk != 0)
+      throw std::invalid_argument("kv_cache_dtype " + std::string(kv_dtype_name(dtype)) + " stores K/V in blocks of " +
+                                  std::to_string(blk) + " values: layer " + std::to_string(il) + " has head width " +
+                                  std::to_string(hp.layer_head_dim(il)) + " (K/V width " + std::to_string(w[il]) +
+                                  "), not a multiple of " + std::to_string(blk) + "; use f16, bf16 or f32");
+}
+
+}  // namespace
 
 int KVGeometry::max_model_len() const {
   return (int)std::min<int64_t>(n_ctx, (int64_t)num_kv_blocks * block_size);
@@ -84,7 +101,9 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   KVGeometry g;
   g.n_ctx = c.n_ctx > 0 ? c.n_ctx : std::min(hp.n_ctx_train, 8192);
   g.block_size = c.block_size;
-  g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(), c.block_size);
+  const KVDType dtype = kv_dtype_from_name(c.kv_cache_dtype);
+  check_kv_widths(hp, dtype);
+  g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(), c.block_size, dtype);
   if (c.num_kv_blocks > 0) {
     g.num_kv_blocks = c.num_kv_blocks;
   } else if (c.kv_cache_memory > 0) {
@@ -108,7 +127,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate)
   pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
-  kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size);
+  kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size, kv_dtype_from_name(cfg_.kv_cache_dtype));
   if (hp.n_recurrent() > 0) init_recurrent(hp);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
@@ -184,7 +203,8 @@ void Engine::init_recurrent(const HParams& hp) {
   states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs + drafted, hp.n_recurrent(), hp.state_conv_floats(),
                                                  hp.state_mat_floats());
   if (!cfg_.enable_prefix_caching) return;
-  const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * KVCache::bytes_per_block(hp.n_layer, hp.kv_dim(), cfg_.block_size);
+  const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * 2 * hp.n_layer * cfg_.block_size *
+                           (int64_t)kv_row_bytes(kv_->dtype(), hp.kv_dim());
   const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
   checkpoints_ = std::make_unique<StateCheckpoints>((int)n, hp.n_recurrent(), hp.state_conv_floats(), hp.state_mat_floats());
 }
@@ -598,6 +618,7 @@ void Engine::snapshot_stats() {
   s.state_slots_total = states_ ? states_->num_slots() : 0;
   s.state_slots_used = states_ ? states_->num_used() : 0;
   s.state_slot_bytes = states_ ? states_->slot_bytes() : 0;
+  s.kv_cache_bytes = (int64_t)kv_->bytes();
   s.state_checkpoints = checkpoints_ ? checkpoints_->size() : 0;
   s.state_checkpoints_total = checkpoints_ ? checkpoints_->capacity() : 0;
   s.state_checkpoint_restores = checkpoints_ ? checkpoints_->restored() : 0;

@@ -40,6 +40,9 @@ struct EngineConfig {
   // > 0: speculative decoding by prompt lookup (ngram_draft.h), up to this many drafted tokens per sequence
   // and step, verified in the step's own forward; 0: off. Outputs are the same either way, bit for bit.
   int speculative_ngram = 0;
+  // How a KV cache slot stores K and V (kv_rows.h): "f16" (llama.cpp's default), "f32", "bf16", "q8_0" (34
+  // bytes per 32 values: ~1.9× the tokens of f16 in the same memory).
+  std::string kv_cache_dtype = "f16";
 };
 
 // What the engine makes of a model and a config before it allocates anything: the context and the KV pool.
@@ -47,7 +50,7 @@ struct KVGeometry {
   int n_ctx = 0;               // tokens a sequence may hold at most (the config's, or min(model's, 8192))
   int num_kv_blocks = 0;       // blocks in the pool
   int block_size = 0;          // token slots per block
-  size_t bytes_per_block = 0;  // K and V of every layer, fp16
+  size_t bytes_per_block = 0;  // K and V of every layer, in kv_cache_dtype
   int max_model_len() const;   // min(n_ctx, the pool's tokens): what one sequence can really reach
 };
 // A request longer than one sequence can be: prompt + max_tokens > max_len (KVGeometry::max_model_len). A
@@ -60,14 +63,16 @@ struct ContextLengthError : std::invalid_argument {
 };
 
 // Throws std::invalid_argument naming the first field no engine accepts (negative sizes; block_size,
-// max_num_seqs or max_num_batched_tokens not positive; target_itl negative or not finite; speculative_ngram < 0).
+// max_num_seqs or max_num_batched_tokens not positive; target_itl negative or not finite; speculative_ngram < 0;
+// kv_cache_dtype not one of f32, f16, bf16, q8_0).
 void check_config(const EngineConfig& c);
-// The one rule for it (Engine uses it; Python lists a model with it before loading). Throws as check_config.
+// The one rule for it (Engine uses it; Python lists a model with it before loading). Throws as check_config,
+// and std::invalid_argument naming the layer and its head width where a q8_0 cache cannot hold it.
 KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c);
 
 #define PYSERVE_ENGINE_CONFIG_FIELDS(X)                                                                      \
   X(n_threads) X(n_ctx) X(num_kv_blocks) X(kv_cache_memory) X(block_size) X(max_num_seqs)                  \
-  X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram)
+  X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram) X(kv_cache_dtype)
 
 struct Request {
   std::string id;
@@ -115,6 +120,7 @@ struct EngineStats {
   int blocks_cached = 0;                                      // cached blocks no sequence holds (reusable)
   int state_slots_total = 0, state_slots_used = 0;            // hybrid models' recurrent state slots (else 0)
   int64_t state_slot_bytes = 0;                               // one slot's memory (every recurrent layer's state)
+  int64_t kv_cache_bytes = 0;                                 // the KV pool: blocks_total × bytes per block (its dtype)
   int state_checkpoints = 0, state_checkpoints_total = 0;     // checkpoints held, room for (hybrid prefix cache)
   uint64_t state_checkpoint_restores = 0;                     // admissions that resumed from one
   int64_t grammar_matchers = 0;                               // live matchers in the process (Matcher::live)

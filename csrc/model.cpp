@@ -257,14 +257,6 @@ void softcap(float* x, size_t n, float c) {
   for (size_t i = 0; i < n; i++) x[i] = c * std::tanh(x[i] / c);
 }
 
-// s[j] = exp(s[j] - m) for a head's len scores; returns the softmax denominator. With an attention sink
-// (gpt-oss), its logit joins the max and the denominator but takes no value.
-float softmax_sum(float* s, int len, const float* sink) {
-  float mx = *std::max_element(s, s + len);
-  if (sink) mx = std::max(mx, *sink);
-  return exp_shift_sum(s, len, mx) + (sink ? std::exp(*sink - mx) : 0.f);
-}
-
 void add_bias(float* y, const std::vector<float>& b) {
   for (size_t i = 0; i < b.size(); i++) y[i] += b[i];
 }
@@ -273,48 +265,42 @@ void add_bias(float* y, const std::vector<float>& b) {
 
 // Causal attention of every batch token over its own sequence's K/V, after writing the batch's K/V.
 // A work item is (token, KV head): each cached K/V row is loaded once for all the query heads that share
-// it (GQA). Items go round-robin to threads, since later tokens of a prompt attend over more positions.
+// it (GQA); past kAttnFullRows keys a tile of whole blocks at a time (attention.h: online softmax).
+// Items go round-robin to threads, since later tokens of a prompt attend over more positions.
 void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
   const int src = hp_.kv_layer(il), n_kv = hp_.layer_n_head_kv(il);  // src: the layer whose K/V il reads
   const int T = (int)b.size(), hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il), bs = kv.block_size();
   const int group = hp_.n_head / n_kv, qd = hp_.n_head * hd;
   const int window = hp_.is_local(il) ? hp_.n_swa : 0;
+  const KVDType dt = kv.dtype();
+  const size_t head_bytes = kv_row_bytes(dt, hd);  // one KV head's part of a slot's row
+  const int tile = (kAttnTileRows + bs - 1) / bs * bs;  // keys per online-softmax step: whole blocks
   for (int t = 0; t < T && src == il; t++) {
     const std::vector<int32_t>& tab = *b.tables[t];
     int p = b.pos[t];
-    to_f16(k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
-    to_f16(v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
+    kv_write_row(dt, k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
+    kv_write_row(dt, v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
   }
   const int64_t items = (int64_t)T * n_kv;
   auto work = [&](int ith, int nth) {
-    std::vector<float>& sc = scores_[ith];
     for (int64_t w = ith; w < items; w += nth) {
       const int t = (int)(w / n_kv), g = (int)(w % n_kv);
       const std::vector<int32_t>& tab = *b.tables[t];
       const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
-      grow(sc, (size_t)len * group);
       const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      std::vector<const uint16_t*>& krows = krows_[ith];
-      std::vector<const uint16_t*>& vrows = vrows_[ith];
+      std::vector<const uint8_t*>& krows = krows_[ith];
+      std::vector<const uint8_t*>& vrows = vrows_[ith];
       krows.resize(len);
       vrows.resize(len);
       for (int j = 0; j < len; j++) {
         const int blk = tab[(lo + j) / bs], slot = (lo + j) % bs;
-        krows[j] = kv.k(src, blk, slot) + g * hd;
-        vrows[j] = kv.v(src, blk, slot) + g * hd;
+        krows[j] = kv.k(src, blk, slot) + g * head_bytes;
+        vrows[j] = kv.v(src, blk, slot) + g * head_bytes;
       }
-      attention_scores_f16(q, group, hd, krows.data(), len, sc.data(), vrows.data());
-      for (size_t i = 0; i < (size_t)len * group; i++) sc[i] *= hp_.attn_scale;
-      if (hp_.attn_softcap > 0.f) softcap(sc.data(), (size_t)len * group, hp_.attn_softcap);
-      float inv[64];  // 1 / softmax denominator per head of the group
-      for (int h = 0; h < group; h++) {
-        float* s = &sc[(size_t)h * len];
-        inv[h] = 1.0f / softmax_sum(s, len, L.sinks.empty() ? nullptr : &L.sinks[g * group + h]);
-      }
-      for (int h = 0; h < group; h++)
-        for (int j = 0; j < len; j++) sc[(size_t)h * len + j] *= inv[h];
-      weighted_sum_f16(sc.data(), group, len, vrows.data(), hd, attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
+      const AttnHead head{dt, group, hd, hp_.attn_scale, hp_.attn_softcap, L.sinks.empty() ? nullptr : &L.sinks[g * group]};
+      attend(head, q, krows.data(), vrows.data(), len, bs - lo % bs, tile, scratch_[ith],
+                    attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
     }
   };
   if (items <= 1) work(0, 1);
@@ -495,7 +481,7 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
   grow(v_, (size_t)T * kvd);
   grow(gate_, (size_t)T * hp_.n_ff);
   grow(up_, (size_t)T * hp_.n_ff);
-  scores_.resize(pool.size());
+  scratch_.resize(pool.size());
   krows_.resize(pool.size());
   vrows_.resize(pool.size());
 

@@ -10,6 +10,7 @@
 
 #include "gguf.h"
 #include "hparams.h"
+#include "attention.h"
 #include "kv_cache.h"
 #include "delta_net.h"
 #include "moe.h"
@@ -127,8 +128,8 @@ class Model {
   std::vector<float> moe_in_, router_in_, moe_out_;  // gemma4's MoE layers: [T × n_embd] each
   std::vector<float> rope_cs_;  // [global, local][T][cs_stride()]: cos/sin of each token's position
   int cs_stride() const { return std::max(hp_.rope_dim, hp_.rope_dim_swa); }
-  std::vector<std::vector<float>> scores_;  // per thread: [group × context] attention weights
-  std::vector<std::vector<const uint16_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended
+  std::vector<AttnScratch> scratch_;  // per thread: attend's buffers
+  std::vector<std::vector<const uint8_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended (kv_rows.h)
   ActBuffer act_;
   MoeFfn moe_;
   DeltaNet delta_net_;

@@ -103,18 +103,4 @@ void matmul_jobs(ThreadPool& pool, const std::vector<MatmulJob>& jobs);
 // x[T, n] quantized row by row into format f at dst (T · act_row_size(f, n) bytes), split over the pool.
 void quantize_rows(ThreadPool& pool, ActFormat f, const float* x, int64_t T, int64_t n, uint8_t* dst);
 
-// Σ a[i]·h[i] with h in fp16, fixed order (attention scores against the fp16 KV cache).
-float dot_f32_f16(const float* a, const uint16_t* h, int64_t n);
-// Attention scores of the nh query heads that share K rows (GQA): s[h·len + j] = Σ_i q[h·hd + i] · k[j][i]
-// for h < nh, j < len, each K row loaded once for all heads. Every score is reduced in one fixed order
-// (independent of nh, len and of where j falls), so a token's scores do not depend on its batch.
-// next (or null): len rows of the same width (the V rows) brought into L2 meanwhile.
-void attention_scores_f16(const float* q, int nh, int hd, const uint16_t* const* k, int len, float* s,
-                          const uint16_t* const* next = nullptr);
-// out[h·hd + i] = Σ_j w[h·len + j] · v[j][i] over j in order, for h < nh: attention's weighted sum of
-// the fp16 V rows, with the output held in registers across j (no read-modify-write per row).
-void weighted_sum_f16(const float* w, int nh, int len, const uint16_t* const* v, int hd, float* out);
-// fp32 → fp16 for n values (K/V into the cache).
-void to_f16(const float* x, uint16_t* h, int64_t n);
-
 }  // namespace pyserve

@@ -556,13 +556,6 @@ static float ref_super(int64_t n, const void* vw, const void* va) {
 // Signature: k<NC>(n, w_row, act, act_stride, out[NC]).
 #if PS_AVX2
 
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 static inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
 // 16 packed bytes → 32 values: low nibbles (elements 0..15), then high nibbles (16..31).

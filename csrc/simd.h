@@ -38,6 +38,14 @@ static inline __m256i dp4(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+// The sum of 8 lanes in one fixed order: lanes l + (l + 4), then (0 + 2) + (1 + 3).
+static inline float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
 // acc + Σ of 2 int16·int16 products per int32 lane, exact.
 static inline __m256i dp2(__m256i acc, __m256i a, __m256i b) {
 #if PS_VNNI == 1

@@ -77,6 +77,11 @@ class EngineOptions:
         0, "--speculative-ngram", "speculative decoding by prompt lookup: each step drafts up to K tokens per "
         "stream from earlier text that its last tokens match, verified in the same forward pass; outputs are "
         "unchanged, bit for bit (0: off)", serve_default=7, metavar="K")
+    # docs/BENCHMARKS.md (2026-12-02): q8_0's accuracy cost against f32 on the default model
+    kv_cache_dtype: str = _option(
+        "f16", "--kv-cache-dtype", "how the KV cache stores K and V: f16, bf16, f32, q8_0 (34 bytes per 32 "
+        "values: ~1.9x the tokens of f16 in the same memory; the model's head widths must be multiples of 32)",
+        metavar="{f16,bf16,f32,q8_0}")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -128,18 +133,18 @@ def parse_value(f: dataclasses.Field, value):
             return opt.parse(value)
         if f.type in ("bool", bool) and isinstance(value, str):
             return {"true": True, "1": True, "false": False, "0": False}[value.strip().lower()]
-        return value if not isinstance(value, str) else {"int": int, "float": float}[str(f.type)](value)
+        return value if not isinstance(value, str) else {"int": int, "float": float, "str": str}[str(f.type)](value)
     except (ValueError, KeyError):
         raise ValueError(f"{f.name}: expected {_KIND[str(f.type)]}, got {value!r}") from None
 
 
-_KIND = {"int": "an integer", "float": "a number", "bool": "true or false"}
+_KIND = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
 
 
 def _check_type(name: str, value, kind) -> None:
     kind = str(getattr(kind, "__name__", kind))
     ok = {"int": isinstance(value, int) and not isinstance(value, bool),
           "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-          "bool": isinstance(value, bool)}[kind]
+          "bool": isinstance(value, bool), "str": isinstance(value, str)}[kind]
     if not ok:
         raise ValueError(f"{name} must be {_KIND[kind]}, got {value!r}")

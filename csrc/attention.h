@@ -1,0 +1,50 @@
+// attention: one work item of causal attention — the `group` query heads that share one KV head (GQA), over
+// `len` cached positions given as K and V row pointers (kv_rows.h: rows in the cache's dtype).
+//
+// attend_online: keys a tile at a time (whole paged blocks: tiles end where the cache's blocks do, so a tile
+// never depends on the batch), a running max and denominator per head, the output rescaled as the max moves;
+// no score vector longer than a tile. attend_ref, its reference twin, is the kernel it grew from: all len
+// scores, one softmax, one weighted sum. They agree within float rounding (tests/test_kv_dtype.py: 2e-6 on
+// random rows), not bit for bit: the sums run in other orders. attend picks by length alone (so a token's
+// result still depends on its position only, never its batch): up to kAttnFullRows keys the full kernel,
+// whose bits the engine has always had (on the default model a 1e-7 change flips near-tied tokens:
+// tests/test_golden.py), beyond it the tiled one, where a full score vector outgrows the L1/L2 caches.
+#pragma once
+
+#include <vector>
+
+#include "kv_rows.h"
+
+namespace pyserve {
+
+struct AttnHead {
+  KVDType dtype = KVDType::F16;
+  int group = 1, hd = 0;          // query heads per KV head, values per head
+  float scale = 1.f;              // scores × this, then
+  float softcap = 0.f;            // > 0: c · tanh(score / c) (gemma2)
+  const float* sinks = nullptr;   // [group] or null: gpt-oss's per-head sink logits (in the max and denominator)
+};
+
+// Keys past which attend goes online.
+constexpr int kAttnFullRows = 1024;
+// Keys per attend_online step (the engine rounds it up to whole blocks): a tile's scores stay in L1.
+constexpr int kAttnTileRows = 128;
+
+// Scratch of one thread, grown to the largest tile and kept.
+struct AttnScratch {
+  std::vector<float> s, tile_out, acc;  // [group × tile] scores, [group × hd] a tile's sum, the running sum
+  std::vector<float> m, l, corr;        // [group] running max, denominator, this tile's rescale
+};
+
+// out[group, hd] = softmax(scale · q·kᵀ) · v over the len rows. q: [group, hd]; k, v: len rows each.
+// attend_online: the first tile holds `lead` rows (1 ≤ lead; the rest of the first paged block), the others
+// `tile` rows. Neither throws.
+void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
+                   int lead, int tile, AttnScratch& sc, float* out);
+void attend_ref(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
+                std::vector<float>& sc, float* out);
+// attend_ref for len <= kAttnFullRows (into sc.s), attend_online beyond.
+void attend(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len, int lead,
+            int tile, AttnScratch& sc, float* out);
+
+}  // namespace pyserve
