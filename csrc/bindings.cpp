@@ -282,7 +282,9 @@ py::dict py_kv_geometry(const std::string& path, const py::kwargs& kw) {
   }
   return py::dict(py::arg("n_ctx") = g.n_ctx, py::arg("num_kv_blocks") = g.num_kv_blocks,
                   py::arg("block_size") = g.block_size, py::arg("bytes_per_block") = g.bytes_per_block,
-                  py::arg("max_model_len") = g.max_model_len(), py::arg("hparams") = hparams_dict(hp));
+                  py::arg("max_model_len") = g.max_model_len(), py::arg("state_slots") = g.state_slots,
+                  py::arg("state_checkpoints") = g.state_checkpoints, py::arg("state_bytes") = g.state_bytes(),
+                  py::arg("hparams") = hparams_dict(hp));
 }
 
 void bind_engine_config(py::module_& m) {
@@ -296,7 +298,8 @@ void bind_engine_config(py::module_& m) {
   m.def("check_engine_config", [](const py::kwargs& kw) { check_config(config_from_py(kw)); },
         "Raises the ValueError an Engine with these options (EngineConfig's fields) would raise for them");
   m.def("kv_geometry", &py_kv_geometry, py::arg("path"),
-        "-> {n_ctx, num_kv_blocks, block_size, bytes_per_block, max_model_len, hparams} for these engine options "
+        "-> {n_ctx, num_kv_blocks, block_size, bytes_per_block, max_model_len, state_slots, state_checkpoints, "
+        "state_bytes, hparams} for these engine options "
         "(EngineConfig's fields as keywords), from the file's header alone; GGUFError / ModelError / ValueError "
         "as loading would raise them");
 }
@@ -468,6 +471,7 @@ py::dict engine_stats(Engine& e) {
                   py::arg("prefix_cache_hits") = s.prefix_cache_hits, py::arg("blocks_cached") = s.blocks_cached,
                   py::arg("state_slots_total") = s.state_slots_total, py::arg("state_slots_used") = s.state_slots_used,
                   py::arg("state_slot_bytes") = s.state_slot_bytes, py::arg("kv_cache_bytes") = s.kv_cache_bytes,
+                  py::arg("state_bytes") = s.state_bytes,
                   py::arg("state_checkpoints") = s.state_checkpoints,
                   py::arg("state_checkpoints_total") = s.state_checkpoints_total,
                   py::arg("state_checkpoint_restores") = s.state_checkpoint_restores,

@@ -96,6 +96,37 @@ int KVGeometry::max_model_len() const {
   return (int)std::min<int64_t>(n_ctx, (int64_t)num_kv_blocks * block_size);
 }
 
+namespace {
+
+// The state's slots and their size (none without recurrent layers).
+void state_slots(const HParams& hp, const EngineConfig& c, KVGeometry& g) {
+  if (hp.n_recurrent() == 0) return;
+  g.state_slots = c.max_num_seqs + (c.speculative_ngram > 0 ? SchedulerConfig{}.spec_rows - 1 : 0);
+  g.state_slot_bytes = (int64_t)hp.n_recurrent() * (hp.state_conv_floats() + hp.state_mat_floats()) * 4;
+}
+
+// Checkpoints as many as a quarter of kv_bytes holds, between 1 and 2 · max_num_seqs (with prefix caching).
+int checkpoints_for(const EngineConfig& c, const KVGeometry& g, int64_t kv_bytes) {
+  if (g.state_slots == 0 || !c.enable_prefix_caching) return 0;
+  return (int)std::clamp<int64_t>(kv_bytes / 4 / g.state_slot_bytes, 1, 2 * c.max_num_seqs);
+}
+
+// kv_cache_memory covers the recurrent state too: its slots first, then checkpoints and KV blocks share the
+// rest (the checkpoints at most a quarter of the blocks' bytes).
+void blocks_within(const EngineConfig& c, KVGeometry& g) {
+  const int64_t rest = (int64_t)c.kv_cache_memory - (int64_t)g.state_slots * g.state_slot_bytes;
+  if (rest < (int64_t)g.bytes_per_block)
+    throw std::invalid_argument(
+        "kv_cache_memory (--kv-cache-memory) of " + std::to_string(c.kv_cache_memory) + " bytes does not hold the " +
+        "recurrent state of " + std::to_string(g.state_slots) + " slots (" + std::to_string(g.state_slot_bytes) +
+        " bytes each) and one KV block; give more memory or fewer --max-num-seqs");
+  g.state_checkpoints = checkpoints_for(c, g, rest * 4 / 5);
+  const int64_t kv = rest - (int64_t)g.state_checkpoints * g.state_slot_bytes;
+  g.num_kv_blocks = (int)std::min<int64_t>(std::max<int64_t>(1, kv / (int64_t)g.bytes_per_block), INT32_MAX);
+}
+
+}  // namespace
+
 KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   check_config(c);
   KVGeometry g;
@@ -104,15 +135,17 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   const KVDType dtype = kv_dtype_from_name(c.kv_cache_dtype);
   check_kv_widths(hp, dtype);
   g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(), c.block_size, dtype);
+  state_slots(hp, c, g);
   if (c.num_kv_blocks > 0) {
     g.num_kv_blocks = c.num_kv_blocks;
   } else if (c.kv_cache_memory > 0) {
-    g.num_kv_blocks = (int)std::min<size_t>(std::max<size_t>(1, c.kv_cache_memory / g.bytes_per_block), INT32_MAX);
-  } else {  // 512 MiB, and at least one full context
+    return blocks_within(c, g), g;
+  } else {  // 512 MiB of blocks (the state beside them), and at least one full context
     const size_t by_memory = (512ull << 20) / g.bytes_per_block;
     const size_t for_ctx = ((size_t)g.n_ctx + c.block_size - 1) / c.block_size;
     g.num_kv_blocks = (int)std::min<size_t>(std::max(by_memory, for_ctx), INT32_MAX);
   }
+  g.state_checkpoints = checkpoints_for(c, g, (int64_t)g.num_kv_blocks * (int64_t)g.bytes_per_block);
   return g;
 }
 
@@ -128,7 +161,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate)
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
   kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size, kv_dtype_from_name(cfg_.kv_cache_dtype));
-  if (hp.n_recurrent() > 0) init_recurrent(hp);
+  if (geo.state_slots > 0) init_recurrent(hp, geo);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
@@ -193,20 +226,16 @@ void Engine::calibrate_costs() {
 
 Engine::~Engine() = default;
 
-// A hybrid model: a recurrent state slot for each of the max_num_seqs seats — and with speculation, one for
-// each row a step may draft (spec_rows - 1 in all: the state after each drafted row, so a rejected draft rolls
-// back; Sequence::draft_slots) — and with prefix caching, state checkpoints at block boundaries (a hit
-// resumes only where one is held: state_checkpoints.h), as many as a quarter of the KV pool's bytes holds,
-// between 1 and 2 · max_num_seqs.
-void Engine::init_recurrent(const HParams& hp) {
-  const int drafted = cfg_.speculative_ngram > 0 ? SchedulerConfig{}.spec_rows - 1 : 0;
-  states_ = std::make_unique<RecurrentStatePool>(cfg_.max_num_seqs + drafted, hp.n_recurrent(), hp.state_conv_floats(),
+// A hybrid model: the recurrent state's slots and checkpoints as kv_geometry sized them — a slot for each of
+// the max_num_seqs seats and, with speculation, one for each row a step may draft (the state after each
+// drafted row, so a rejected draft rolls back; Sequence::draft_slots); with prefix caching, checkpoints at
+// block boundaries (a hit resumes only where one is held: state_checkpoints.h).
+void Engine::init_recurrent(const HParams& hp, const KVGeometry& geo) {
+  states_ = std::make_unique<RecurrentStatePool>(geo.state_slots, hp.n_recurrent(), hp.state_conv_floats(),
                                                  hp.state_mat_floats());
-  if (!cfg_.enable_prefix_caching) return;
-  const int64_t kv_bytes = (int64_t)cfg_.num_kv_blocks * 2 * hp.n_layer * cfg_.block_size *
-                           (int64_t)kv_row_bytes(kv_->dtype(), hp.kv_dim());
-  const int64_t n = std::clamp<int64_t>(kv_bytes / 4 / std::max<int64_t>(1, states_->slot_bytes()), 1, 2 * cfg_.max_num_seqs);
-  checkpoints_ = std::make_unique<StateCheckpoints>((int)n, hp.n_recurrent(), hp.state_conv_floats(), hp.state_mat_floats());
+  if (geo.state_checkpoints > 0)
+    checkpoints_ = std::make_unique<StateCheckpoints>(geo.state_checkpoints, hp.n_recurrent(), hp.state_conv_floats(),
+                                                      hp.state_mat_floats());
 }
 
 void Engine::check(const Request& req) const {
@@ -618,6 +647,7 @@ void Engine::snapshot_stats() {
   s.state_slots_total = states_ ? states_->num_slots() : 0;
   s.state_slots_used = states_ ? states_->num_used() : 0;
   s.state_slot_bytes = states_ ? states_->slot_bytes() : 0;
+  s.state_bytes = s.state_slot_bytes * (s.state_slots_total + (checkpoints_ ? checkpoints_->capacity() : 0));
   s.kv_cache_bytes = (int64_t)kv_->bytes();
   s.state_checkpoints = checkpoints_ ? checkpoints_->size() : 0;
   s.state_checkpoints_total = checkpoints_ ? checkpoints_->capacity() : 0;

@@ -51,7 +51,13 @@ struct KVGeometry {
   int num_kv_blocks = 0;       // blocks in the pool
   int block_size = 0;          // token slots per block
   size_t bytes_per_block = 0;  // K and V of every layer, in kv_cache_dtype
+  // Hybrid models' recurrent state (0 without recurrent layers): a slot per seat (+ spec_rows - 1 with
+  // speculation: the state after each drafted row) and, with prefix caching, checkpoints at block boundaries.
+  int state_slots = 0;
+  int state_checkpoints = 0;
+  int64_t state_slot_bytes = 0;  // one slot or checkpoint: every recurrent layer's conv inputs and matrices
   int max_model_len() const;   // min(n_ctx, the pool's tokens): what one sequence can really reach
+  int64_t state_bytes() const { return (int64_t)(state_slots + state_checkpoints) * state_slot_bytes; }
 };
 // A request longer than one sequence can be: prompt + max_tokens > max_len (KVGeometry::max_model_len). A
 // std::invalid_argument (a ValueError) whose message names the bound it passed (the context or the KV
@@ -121,6 +127,7 @@ struct EngineStats {
   int state_slots_total = 0, state_slots_used = 0;            // hybrid models' recurrent state slots (else 0)
   int64_t state_slot_bytes = 0;                               // one slot's memory (every recurrent layer's state)
   int64_t kv_cache_bytes = 0;                                 // the KV pool: blocks_total × bytes per block (its dtype)
+  int64_t state_bytes = 0;                                    // the recurrent state: its slots and checkpoints
   int state_checkpoints = 0, state_checkpoints_total = 0;     // checkpoints held, room for (hybrid prefix cache)
   uint64_t state_checkpoint_restores = 0;                     // admissions that resumed from one
   int64_t grammar_matchers = 0;                               // live matchers in the process (Matcher::live)
@@ -207,7 +214,7 @@ class Engine {
   void check_kind(const Request& req) const;  // the rules that differ between generation, scoring, embedding
   void check_size(const Request& req) const;  // context length and KV pool
   void build_batch(const Schedule& sched);
-  void init_recurrent(const HParams& hp);  // the state pool of a hybrid model; refuses what it cannot do
+  void init_recurrent(const HParams& hp, const KVGeometry& geo);  // the state pool of a hybrid model
   void record_rows(const Schedule& sched);    // what the prompt rows of this forward give (embeddings, scores)
   std::vector<std::pair<Sequence*, const float*>> computed(const Schedule& sched, double t_step,
                                                            std::vector<StepOutput>& out);

@@ -20,14 +20,13 @@ from pyserve.bench.launch import ServerProcess
 
 PROMPT = "Hello world and the world of the " * 6  # 48 tokens: whole KV blocks for the prefix cache
 MAX_TOKENS = 24
-SEEDS = {"lfm2moe": 2}  # seed 0's lfm2moe never repeats an n-gram of PROMPT, so nothing would be drafted
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("families")
-    return {arch: tm.write_test_model(d / f"{arch}.gguf", arch, qtype="Q8_0", name=f"family {arch}",
-                                      seed=SEEDS.get(arch, 0)) for arch in tm.ARCHS}
+    return {arch: tm.write_test_model(d / f"{arch}.gguf", arch, qtype="Q8_0", name=f"family {arch}")
+            for arch in tm.ARCHS}
 
 
 def sdk(server: ServerProcess) -> openai.OpenAI:
@@ -96,7 +95,11 @@ def test_speculative_decoding_changes_no_bit_on_a_moe_or_hybrid_model(models, ar
             results.append([greedy(client, srv.model, stream)[:2] for stream in (False, True)])
             drafted.append(total(metrics(srv.url), "pyserve:spec_decode_num_draft_tokens_total"))
     assert results[0] == results[1]
-    assert drafted[0] > 0 and drafted[1] == 0
+    assert drafted[1] == 0
+    # Drafted rows are priced on the forward times the engine measures: a tiny hybrid's per-token recurrence
+    # (and the state snapshot per drafted row) can make them not worth it on a given machine, so whether it
+    # drafts here depends on the machine. Drafts forced on, bit for bit: test_hybrid_spec.py.
+    assert drafted[0] > 0 or arch in tm.hybrid.ARCHS + tm.lfm2.ARCHS
 
 
 @pytest.mark.parametrize("arch", tm.hybrid.ARCHS + tm.lfm2.ARCHS)

@@ -17,6 +17,7 @@ import model_factory as tm  # noqa: E402
 import numpy_ref as nr  # noqa: E402
 
 from pyserve import _engine  # noqa: E402
+from pyserve.engine.options import EngineOptions  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 
@@ -170,6 +171,29 @@ def test_without_prefix_caching_nothing_is_checkpointed(path):
     assert run(eng, {"a": prompt}) == run(eng, {"a": prompt})
     s = eng.stats()
     assert (s["state_checkpoints_total"], s["prefix_cache_hits"]) == (0, 0)
+
+
+@pytest.mark.parametrize("speculative", [0, 7])
+def test_kv_cache_memory_covers_the_state(path, speculative):
+    """--kv-cache-memory holds the state's slots, its checkpoints and the KV blocks together; /metrics and
+    /server_info report the state's bytes beside the KV pool's (engine stats: state_bytes, kv_cache_bytes)."""
+    memory = 1 << 20
+    opts = EngineOptions(kv_cache_memory=memory, block_size=4, max_num_seqs=8, speculative_ngram=speculative)
+    geo = opts.kv_geometry(str(path))
+    slot = SLOT_BYTES[_engine.Engine(str(path), n_threads=1).hparams["arch"].removesuffix("moe")]
+    assert geo["state_slots"] == opts.max_num_seqs + (7 if speculative else 0)
+    assert geo["state_bytes"] == (geo["state_slots"] + geo["state_checkpoints"]) * slot
+    used = geo["state_bytes"] + geo["num_kv_blocks"] * geo["bytes_per_block"]
+    assert memory - geo["bytes_per_block"] < used <= memory
+    assert 0 < geo["state_checkpoints"] * slot <= geo["num_kv_blocks"] * geo["bytes_per_block"] / 4
+    s = _engine.Engine(str(path), **opts.replace(n_threads=1).as_dict()).stats()
+    assert (s["state_bytes"], s["kv_cache_bytes"]) == (geo["state_bytes"], geo["num_kv_blocks"] * geo["bytes_per_block"])
+
+
+def test_too_little_memory_for_the_state_is_refused_by_name(path):
+    with pytest.raises(ValueError, match=r"kv_cache_memory \(--kv-cache-memory\) of 4096 bytes does not hold the "
+                                         r"recurrent state of 64 slots"):
+        EngineOptions(kv_cache_memory=4096).kv_geometry(str(path))
 
 
 def test_attention_only_models_hold_no_state(tmp_path):

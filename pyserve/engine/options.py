@@ -55,7 +55,8 @@ class EngineOptions:
     n_ctx: int = _option(0, "--ctx-size", "max tokens per sequence", zero_means="the model's, at most 8192")
     num_kv_blocks: int = _option(0, "--num-kv-blocks", "KV cache blocks (of --block-size tokens)", exclusive="kv",
                                  zero_means="from --kv-cache-memory")
-    kv_cache_memory: int = _option(0, "--kv-cache-memory", "KV cache size in bytes (K/M/G suffixes allowed)",
+    kv_cache_memory: int = _option(0, "--kv-cache-memory", "KV cache size in bytes (K/M/G suffixes allowed); a hybrid "
+                                   "model's recurrent state comes out of it too",
                                    parse=byte_size, metavar="BYTES", exclusive="kv",
                                    zero_means="512M, and at least one full context")
     block_size: int = _option(16, "--block-size", "tokens per KV cache block")

@@ -174,6 +174,8 @@ _GAUGES = [("running", "pyserve:num_requests_running", "sequences in the engine'
            ("blocks_used", "pyserve:kv_blocks_used", "KV cache blocks in use"),
            ("blocks_total", "pyserve:kv_blocks_total", "KV cache blocks in all"),
            ("kv_cache_bytes", "pyserve:kv_cache_bytes", "KV cache pool size in bytes (its blocks in --kv-cache-dtype)"),
+           ("state_bytes", "pyserve:recurrent_state_bytes",
+            "recurrent state memory in bytes: its slots and checkpoints (hybrid models; else 0)"),
            ("state_slots_used", "pyserve:recurrent_state_slots_used",
             "recurrent state slots in use (hybrid models' DeltaNet layers: one per running sequence; else 0)"),
            ("state_slots_total", "pyserve:recurrent_state_slots_total", "recurrent state slots in all (else 0)"),
