@@ -64,6 +64,8 @@ _FEATURES = [
     Case("gemma4", "F32", {"final_softcap": 2.0, "tied": False}),
     Case("gemma4", "F32", {"experts": True}),
     Case("gemma4", "Q8_0", {"experts": True, "shared_kv": True}),
+    Case("gemma4", "Q4_K", {"experts": True}),
+    Case("gemma4", "mixed", {"experts": True, "per_layer": True}),
     Case("glm4moe", "F32", {"moe": {"n_expert": 16, "n_used": 4}, "n_layer": 4}),
     Case("qwen3moe", "F32", {"moe": {"n_used": 1}}),
     Case("llama", "F32", {"moe": {"n_expert": 4}}),
