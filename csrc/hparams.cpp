@@ -80,6 +80,7 @@ ArchSpec gpt_oss() {
   s.swa_pattern = 2;
   s.ffn_norm = "post_attention_norm";
   s.moe_norm = false;
+  s.moe_only = true;
   s.moe_gating = Gating::SoftmaxWeight;
   return s;
 }
@@ -96,6 +97,7 @@ ArchSpec mistral3() {  // llama with YaRN and the attention temperature (both fr
 ArchSpec glm4moe() {  // qwen2's attention (partial RoPE from the file), the FFN's norm named post_attention_norm
   ArchSpec s = based(qwen2(), "glm4moe");
   s.ffn_norm = "post_attention_norm";
+  s.moe_only = true;
   return s;
 }
 
@@ -111,6 +113,7 @@ ArchSpec qwen35() {
 ArchSpec qwen35moe() {  // qwen35 with a MoE FFN and one shared expert (its output sigmoid-gated)
   ArchSpec s = based(qwen35(), "qwen35moe");
   s.moe_shared = 1;
+  s.moe_only = true;
   return s;
 }
 
@@ -127,13 +130,20 @@ ArchSpec lfm2() {
 ArchSpec lfm2moe() {  // lfm2 with MoE FFNs after the leading dense layers: sigmoid routing, a choosing bias
   ArchSpec s = based(lfm2(), "lfm2moe");
   s.moe_gating = Gating::Sigmoid;
+  s.moe_only = true;
+  return s;
+}
+
+ArchSpec qwen3moe() {  // qwen3 with MoE FFNs: softmax top-k routing, no shared expert
+  ArchSpec s = based(qwen3(), "qwen3moe");
+  s.moe_only = true;
   return s;
 }
 
 const std::vector<ArchSpec>& archs() {
   static const std::vector<ArchSpec> all = {
       gemma2(), gemma3(), gemma4(), glm4moe(), gpt_oss(), based(ArchSpec{}, "granite"), lfm2(), lfm2moe(), ArchSpec{},
-      mistral3(), olmo2(), phi3(), qwen2(), qwen3(), based(qwen3(), "qwen3moe"), qwen35(), qwen35moe(), smollm3()};
+      mistral3(), olmo2(), phi3(), qwen2(), qwen3(), qwen3moe(), qwen35(), qwen35moe(), smollm3()};
   return all;
 }
 
@@ -165,7 +175,7 @@ int ranged(const GGUFFile& f, const std::string& key, int64_t lo, int64_t hi, co
 MoeParams read_moe(const GGUFFile& f, const std::string& a, const ArchSpec& spec, int n_ff, int n_layer) {
   MoeParams m;
   const int64_t zero = 0, gating = (int64_t)spec.moe_gating, norm = spec.moe_norm, ff = n_ff;
-  m.n_expert = ranged(f, a + "expert_count", 0, 1 << 12, &zero);
+  m.n_expert = ranged(f, a + "expert_count", spec.moe_only ? 1 : 0, 1 << 12, spec.moe_only ? nullptr : &zero);
   if (m.n_expert == 0) return m;
   m.n_used = ranged(f, a + "expert_used_count", 1, m.n_expert, nullptr);
   m.n_ff = ranged(f, a + "expert_feed_forward_length", 1, MAX_DIM, n_ff > 0 ? &ff : nullptr);
@@ -189,7 +199,7 @@ void read_shape(const GGUFFile& f, const std::string& a, const ArchSpec& spec, H
   hp.n_embd = ranged(f, a + "embedding_length", 1, MAX_DIM, nullptr);
   hp.n_layer = ranged(f, a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 5), nullptr);
   hp.n_layer -= ranged(f, a + "nextn_predict_layers", 0, hp.n_layer - 1, &no_mtp);
-  const bool moe = f.get_int(a + "expert_count", 0) > 0;
+  const bool moe = spec.moe_only || f.get_int(a + "expert_count", 0) > 0;
   hp.n_ff = ranged(f, a + "feed_forward_length", moe ? 0 : 1, MAX_DIM, moe ? &no_ff : nullptr);
   hp.moe = read_moe(f, a, spec, hp.n_ff, hp.n_layer);
   if (hp.moe.n_dense_lead > 0 && hp.n_ff == 0) f.fail("missing metadata key '" + a + "feed_forward_length'");

@@ -47,6 +47,7 @@ struct ArchSpec {
   float final_softcap = 0.f;    // logits → c·tanh(l / c) unless the file says (gemma2: 30)
   int no_rope_step = 0;         // > 0: every no_rope_step-th layer applies no RoPE (smollm3: 4, llama.cpp's constant)
   bool swa_rope_scaled = false; // local layers' RoPE stretched as the global ones (gemma2, gpt-oss; gemma3: never)
+  bool moe_only = false;        // every file is a MoE: expert_count is required (qwen3moe, glm4moe, gpt-oss, …)
   bool moe_norm = true;         // MoE: renormalise the chosen experts' weights unless the file says
   Gating moe_gating = Gating::Softmax;  // MoE routing unless the file says (gpt-oss: softmax over the chosen)
   bool moe_oai_glu = false;     // MoE experts' clamped SwiGLU (gpt-oss) rather than SiLU(gate) · up

@@ -201,3 +201,26 @@ def test_an_unknown_rope_scaling_names_the_key_and_the_choices(tmp_path):
     path = write_test_model(tmp_path / "m.gguf", "llama", rope_scaling={"type": "dynamic", "factor": 2.0})
     with pytest.raises(_engine.GGUFError, match="unsupported rope.scaling.type 'dynamic'.*none, linear, yarn, longrope"):
         _engine.Engine(str(path), n_threads=1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "lfm2moe"])
+def test_a_moe_architecture_without_its_expert_count_names_the_key(tmp_path, arch):
+    path = write_test_model(tmp_path / "m.gguf", arch, drop=[f"{arch}.expert_count"])
+    with pytest.raises(_engine.GGUFError, match=rf"missing metadata key '{arch}.expert_count'"):
+        _engine.Engine(str(path), n_threads=1)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("qwen3moe.expert_count", 16, r"tensor 'blk.0.ffn_gate_inp.weight' has shape \[64, 8\], expected \[64, 16\]"),
+    ("qwen3moe.expert_feed_forward_length", 32,
+     r"tensor 'blk.0.ffn_gate_exps.weight' has shape \[64, 64, 8\], expected \[64, 32, 8\]"),
+    ("qwen3moe.embedding_length", 48, r"tensor 'token_embd.weight' has shape \[64, 300\], expected \[48, 300\]"),
+])
+def test_hyper_parameters_that_do_not_match_the_tensors_name_the_tensor(tmp_path, key, value, message):
+    """The expert count, an expert's width or the model width in the header against the tensors' shapes."""
+    from llamacpp_cases import Control
+
+    path = Control("qwen3moe-F32", key, keys={key: value}).write(
+        write_test_model(tmp_path / "a.gguf", "qwen3moe"), tmp_path / "b.gguf")
+    with pytest.raises(_engine.GGUFError, match=message):
+        _engine.Engine(str(path), n_threads=1)
