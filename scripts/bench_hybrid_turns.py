@@ -1,11 +1,12 @@
 """A hybrid model's second chat turn: TTFT with the prefix cache (recurrent-state checkpoints) vs without.
 
-    python scripts/bench_hybrid_turns.py [--history 2000] [--threads 2] [--arch qwen35]
+    python scripts/bench_hybrid_turns.py [--history 2000] [--threads 2] [--arch qwen35 | --model PATH|default]
 
 A random-weight hybrid (tests/model_factory.py, n_embd 256, Q8_0) in the engine, no HTTP: turn 1 is a
 --history-token prompt and a 20-token greedy answer; turn 2 is turn 1, its answer and 30 more tokens. Prints each
 turn's time to first token (add → first token) and their ratio, with the prefix cache on and off; the turn-2
-tokens must be the same either way (else exit status 1).
+tokens must be the same either way (else exit status 1). --model runs a GGUF file instead (`default`: the
+default model, Gemma 3 270M, whose local layers attend over a sliding window of 512).
 """
 from __future__ import annotations
 
@@ -36,19 +37,30 @@ def ttft(eng, rid: str, prompt: list) -> tuple[float, list]:
     return first, out
 
 
+def model_path(args) -> str:
+    if args.model:
+        from pyserve.engine.model_source import resolve_model
+
+        return resolve_model(None if args.model == "default" else args.model)
+    dims = dict(ssm_state=64) if args.arch in tm.hybrid.ARCHS else {}
+    return str(tm.write_test_model(os.path.join(tempfile.mkdtemp(), "hybrid.gguf"), args.arch, qtype="Q8_0",
+                                   n_ctx=args.history + 512, n_embd=256, head_dim=64, n_ff=512, **dims))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--history", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--arch", default="qwen35", choices=tm.hybrid.ARCHS)
+    ap.add_argument("--arch", default="qwen35", choices=tm.hybrid.ARCHS + tm.lfm2.ARCHS)
+    ap.add_argument("--model", default=None, help="a GGUF file (or 'default') instead of a random hybrid")
     args = ap.parse_args()
-    path = tm.write_test_model(os.path.join(tempfile.mkdtemp(), "hybrid.gguf"), args.arch, qtype="Q8_0",
-                               n_ctx=args.history + 512, n_embd=256, head_dim=64, ssm_state=64, n_ff=512)
+    path = model_path(args)
     rng = np.random.default_rng(0)
     turn1, extra = [int(t) for t in rng.integers(0, 256, args.history)], [int(t) for t in rng.integers(0, 256, 30)]
     seconds = {}
     for caching in (True, False):
-        eng = _engine.Engine(str(path), n_threads=args.threads, enable_prefix_caching=caching)
+        eng = _engine.Engine(str(path), n_threads=args.threads, enable_prefix_caching=caching,
+                             n_ctx=args.history + 512)
         a, answer = ttft(eng, "t1", turn1)
         b, second = ttft(eng, "t2", turn1 + answer + extra)
         s = eng.stats()
