@@ -60,16 +60,18 @@ class HarmonyToolParser(ToolParser):
             start, end = _END(self._buf, self._pos)
             take(start)
             self._pos = start
-            if end is not None:
-                if not self._buf.startswith("<|start|>", start):
-                    self._pos = end
-                self._drop_to(self._pos)
-                return
-            if self._final:  # what is held is an end marker's start, cut (max_tokens): dropped
-                self._pos = len(self._buf)
+            if end is not None or self._final:
+                self._pos = self._past_end(start, end)
                 self._drop_to(self._pos)
                 return
             yield
+
+    def _past_end(self, start: int, end: Optional[int]) -> int:
+        """Where reading goes on after a body that stops at ``start``: past its end marker, at a next message's
+        ``<|start|>`` (left to read), or at the end of the text (a cut end marker's start is dropped)."""
+        if end is None:
+            return len(self._buf)
+        return start if self._buf.startswith("<|start|>", start) else end
 
     def _whole_call(self, name: str) -> None:
         """At the end of the text: a call if it ended (``<|call|>``, ``<|end|>``) or its arguments are whole
@@ -82,7 +84,7 @@ class HarmonyToolParser(ToolParser):
             return
         self._open(name)
         self._args(args, start)
-        self._pos = end if end is not None and not self._buf.startswith("<|start|>", start) else start
+        self._pos = self._past_end(start, end)
         self._close()
 
     def _args_to(self, end: int) -> None:
