@@ -102,7 +102,7 @@ namespace {
 void state_slots(const HParams& hp, const EngineConfig& c, KVGeometry& g) {
   if (hp.n_recurrent() == 0) return;
   g.state_slots = c.max_num_seqs + (c.speculative_ngram > 0 ? SchedulerConfig{}.spec_rows - 1 : 0);
-  g.state_slot_bytes = (int64_t)hp.n_recurrent() * (hp.state_conv_floats() + hp.state_mat_floats()) * 4;
+  g.state_slot_bytes = RecurrentStatePool::slot_bytes(hp.n_recurrent(), hp.state_conv_floats(), hp.state_mat_floats());
 }
 
 // Checkpoints as many as a quarter of kv_bytes holds, between 1 and 2 · max_num_seqs (with prefix caching).
@@ -139,7 +139,8 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   if (c.num_kv_blocks > 0) {
     g.num_kv_blocks = c.num_kv_blocks;
   } else if (c.kv_cache_memory > 0) {
-    return blocks_within(c, g), g;
+    blocks_within(c, g);  // the checkpoints too
+    return g;
   } else {  // 512 MiB of blocks (the state beside them), and at least one full context
     const size_t by_memory = (512ull << 20) / g.bytes_per_block;
     const size_t for_ctx = ((size_t)g.n_ctx + c.block_size - 1) / c.block_size;

@@ -11,7 +11,7 @@ namespace pyserve {
 
 RecurrentStatePool::RecurrentStatePool(int n_slots, int n_layers, int64_t conv_floats, int64_t mat_floats)
     : n_slots_(n_slots), n_layers_(n_layers), conv_floats_(conv_floats), mat_floats_(mat_floats),
-      slot_floats_((int64_t)n_layers * (conv_floats + mat_floats)) {
+      slot_floats_(slot_bytes(n_layers, conv_floats, mat_floats) / (int64_t)sizeof(float)) {
   if (n_slots < 0 || n_layers < 0 || conv_floats < 0 || mat_floats < 0)
     throw std::invalid_argument("recurrent state pool: negative size");
   const size_t n = (size_t)n_slots * (size_t)std::max<int64_t>(1, slot_floats_);

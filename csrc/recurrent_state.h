@@ -38,6 +38,10 @@ class RecurrentStatePool {
   int num_free() const { return (int)free_.size(); }
   int num_used() const { return n_slots_ - num_free(); }
   int64_t slot_bytes() const { return slot_floats_ * (int64_t)sizeof(float); }
+  // One slot's bytes for this layout, before a pool is made (the KV geometry's budget).
+  static int64_t slot_bytes(int n_layers, int64_t conv_floats, int64_t mat_floats) {
+    return (int64_t)n_layers * (conv_floats + mat_floats) * (int64_t)sizeof(float);
+  }
   int64_t bytes() const { return slot_bytes() * n_slots_; }
 
  private:

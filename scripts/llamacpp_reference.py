@@ -38,11 +38,6 @@ def top(lp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids, np.take_along_axis(lp, ids, axis=1)
 
 
-def deviation(lp: np.ndarray, ids: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Per position: max |lp − ref| over the reference's top ids."""
-    return np.abs(np.take_along_axis(lp, ids, axis=1) - ref).max(axis=1)
-
-
 def run_llamacpp(args, jobs: list[dict], work: Path) -> None:
     spec = work / "jobs.json"
     spec.write_text(json.dumps({"settings": SETTINGS, "jobs": jobs}))
@@ -56,7 +51,7 @@ def case_entry(case: lc.Case, path: Path, arrays) -> dict:
     for j, (n, seed) in enumerate(lc.PROMPTS):
         ref = lc.log_softmax(arrays[f"s0_p{j}"])
         ids, ref_top = top(ref)
-        spread = np.max([deviation(lc.log_softmax(arrays[f"s{i}_p{j}"]), ids, ref_top)
+        spread = np.max([lc.top_deviation(arrays[f"s{i}_p{j}"], ids, ref_top).max(axis=1)
                          for i in range(1, len(SETTINGS))], axis=0)
         prompts.append({"tokens": lc.tokens(n, seed), "top_ids": ids.tolist(),
                         "top_logprobs": np.round(ref_top, 6).tolist(), "spread": np.round(spread, 6).tolist()})
@@ -67,8 +62,7 @@ def control_bite(entry: dict, arrays) -> float:
     """How far llama.cpp itself moves on a control (max over prompts and positions)."""
     worst = 0.0
     for j, p in enumerate(entry["prompts"]):
-        lp = lc.log_softmax(arrays[f"s0_p{j}"])
-        worst = max(worst, float(deviation(lp, np.array(p["top_ids"]), np.array(p["top_logprobs"])).max()))
+        worst = max(worst, float(lc.top_deviation(arrays[f"s0_p{j}"], p["top_ids"], p["top_logprobs"]).max()))
     return worst
 
 

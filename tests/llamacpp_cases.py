@@ -145,5 +145,10 @@ def log_softmax(x) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
+def top_deviation(logits, ids, ref) -> np.ndarray:
+    """[T, k] |logprob − ref| of each position's reference top ids `ids` [T, k] (ref: their logprobs)."""
+    return np.abs(np.take_along_axis(log_softmax(logits), np.asarray(ids), axis=1) - np.asarray(ref))
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
