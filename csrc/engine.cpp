@@ -197,7 +197,7 @@ void Engine::seed_costs(const std::vector<double>& step_weights, const std::vect
   }
   if (spec) {
     row_costs_.seconds = row_costs;
-    scheduler_->set_row_costs(&row_costs_);
+    set_price_drafts(cfg_.speculative_price_drafts);
   }
   snapshot_stats();
 }
@@ -220,7 +220,7 @@ void Engine::calibrate_costs() {
   }
   if (cfg_.speculative_ngram > 0) {
     calibrate_rows();
-    scheduler_->set_row_costs(&row_costs_);
+    set_price_drafts(cfg_.speculative_price_drafts);
   }
   snapshot_stats();
 }

@@ -40,6 +40,9 @@ struct EngineConfig {
   // > 0: speculative decoding by prompt lookup (ngram_draft.h), up to this many drafted tokens per sequence
   // and step, verified in the step's own forward; 0: off. Outputs are the same either way, bit for bit.
   int speculative_ngram = 0;
+  // With speculation: drafted rows priced on the forward times measured at load (scheduler.h: a draft only
+  // as long as it pays for itself); false: every match is drafted.
+  bool speculative_price_drafts = true;
   // How a KV cache slot stores K and V (kv_rows.h): "f16" (llama.cpp's default), "f32", "bf16", "q8_0" (34
   // bytes per 32 values: ~1.9× the tokens of f16 in the same memory).
   std::string kv_cache_dtype = "f16";
@@ -77,8 +80,9 @@ void check_config(const EngineConfig& c);
 KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c);
 
 #define PYSERVE_ENGINE_CONFIG_FIELDS(X)                                                                      \
-  X(n_threads) X(n_ctx) X(num_kv_blocks) X(kv_cache_memory) X(block_size) X(max_num_seqs)                  \
-  X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram) X(kv_cache_dtype)
+  X(n_threads) X(n_ctx) X(num_kv_blocks) X(kv_cache_memory) X(block_size) X(max_num_seqs)                    \
+  X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram)                      \
+  X(speculative_price_drafts) X(kv_cache_dtype)
 
 struct Request {
   std::string id;

@@ -47,10 +47,7 @@ PROMPTS = {f"r{i}": repetitive(100 + i, unit=3 + i) for i in range(4)}
 
 def engine(path, k: int, **kw):
     """k > 0: speculation with every drafted row that fits taken (drafts depend on the tokens alone)."""
-    eng = _engine.Engine(str(path), n_threads=2, speculative_ngram=k, **kw)
-    if k:
-        eng.set_price_drafts(False)
-    return eng
+    return _engine.Engine(str(path), n_threads=2, speculative_ngram=k, speculative_price_drafts=False, **kw)
 
 
 def run(eng, requests: dict, sampling: dict, max_tokens: int = 40, n: int = 1) -> dict:

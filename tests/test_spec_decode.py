@@ -50,9 +50,7 @@ ALL = GROUNDED + PROMPTS
 def on(model_path):
     """Speculation with every drafted row that fits taken: what is drafted depends on the tokens alone, not on
     the machine's timings, and every draft path is exercised."""
-    llm = LLM(model_path, n_threads=2, speculative_ngram=K)
-    llm.engine.set_price_drafts(False)
-    return llm
+    return LLM(model_path, n_threads=2, speculative_ngram=K, speculative_price_drafts=False)
 
 
 # The forward time of r rows (s), r = 0 … 8: the shape this machine measures for the default model (a floor

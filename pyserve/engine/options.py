@@ -78,6 +78,11 @@ class EngineOptions:
         0, "--speculative-ngram", "speculative decoding by prompt lookup: each step drafts up to K tokens per "
         "stream from earlier text that its last tokens match, verified in the same forward pass; outputs are "
         "unchanged, bit for bit (0: off)", serve_default=7, metavar="K")
+    # Off: every step drafts where the lookup matches — for measuring speculation itself, or a machine whose
+    # load-time forwards were timed while it was busy
+    speculative_price_drafts: bool = _option(
+        True, "--speculative-price-drafts", "with speculation: draft only as many tokens as the forward times "
+        "measured at load say pay for themselves (off: every match is drafted)")
     # docs/BENCHMARKS.md (2026-12-02): q8_0's accuracy cost against f32 on the default model
     kv_cache_dtype: str = _option(
         "f16", "--kv-cache-dtype", "how the KV cache stores K and V: f16, bf16, f32, q8_0 (34 bytes per 32 "
