@@ -448,6 +448,12 @@ py::list loop_drain(EngineLoop& l) {
   return outputs_to_py(outs);
 }
 
+py::array_t<float> logits_array(const std::vector<float>& logits, py::ssize_t rows, py::ssize_t V) {
+  py::array_t<float> out({rows, V});
+  std::memcpy(out.mutable_data(), logits.data(), std::min(logits.size(), (size_t)(rows * V)) * sizeof(float));
+  return out;
+}
+
 py::array_t<float> engine_prompt_logits(Engine& e, const std::vector<int32_t>& tokens,
                                         const std::vector<int32_t>& rows) {
   std::vector<float> logits;
@@ -455,10 +461,17 @@ py::array_t<float> engine_prompt_logits(Engine& e, const std::vector<int32_t>& t
     py::gil_scoped_release nogil;
     logits = e.prompt_logits(tokens, rows);
   }
-  const py::ssize_t V = e.hparams().n_vocab, T = (py::ssize_t)(rows.empty() ? tokens.size() : rows.size());
-  py::array_t<float> out({T, V});
-  std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
-  return out;
+  const py::ssize_t T = (py::ssize_t)(rows.empty() ? tokens.size() : rows.size());
+  return logits_array(logits, T, e.hparams().n_vocab);
+}
+
+py::array_t<float> engine_mtp_logits(Engine& e, const std::vector<int32_t>& tokens) {
+  std::vector<float> logits;
+  {
+    py::gil_scoped_release nogil;
+    logits = e.mtp_logits(tokens);
+  }
+  return logits_array(logits, std::max<py::ssize_t>((py::ssize_t)tokens.size() - 1, 0), e.hparams().n_vocab);
 }
 
 py::dict engine_stats(Engine& e) {
@@ -537,7 +550,10 @@ void bind_engine(py::module_& m) {
       .def("set_row_costs", &Engine::set_row_costs, py::arg("seconds"),
            "Drafted rows priced on these fixed forward times ([r] = seconds of r rows, [0] = 0), no longer "
            "followed: drafting independent of timings, for tests of the pricing")
-      .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{});
+      .def("prompt_logits", &engine_prompt_logits, py::arg("tokens"), py::arg("rows") = std::vector<int32_t>{})
+      .def("mtp_logits", &engine_mtp_logits, py::arg("tokens"),
+           "MTP drafting: the MTP layer's logits of a fresh sequence, row t joining the target's state at t "
+           "with tokens[t + 1] ([len - 1 × n_vocab], each a guess at tokens[t + 2]); for tests");
   def_request(engine, "add", &Engine::add,
               "Validates (as check_request; also refuses an id already live) and queues the request");
   def_request(engine, "check_request", &Engine::check,

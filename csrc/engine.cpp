@@ -74,6 +74,8 @@ void check_config(const EngineConfig& c) {
   need(c.target_itl >= 0 && std::isfinite(c.target_itl), "target_itl must be >= 0 seconds (0: off)");
   need(c.speculative_ngram >= 0, "speculative_ngram must be an integer >= 0 (0: off), got " + std::to_string(c.speculative_ngram));
   kv_dtype_from_name(c.kv_cache_dtype);
+  need(c.speculative_method == "ngram" || c.speculative_method == "mtp",
+       "speculative_method must be one of ngram, mtp, got '" + c.speculative_method + "'");
 }
 
 namespace {
@@ -134,7 +136,10 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   g.block_size = c.block_size;
   const KVDType dtype = kv_dtype_from_name(c.kv_cache_dtype);
   check_kv_widths(hp, dtype);
-  g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(), c.block_size, dtype);
+  if (drafts_by_mtp(c) && hp.n_mtp == 0)
+    throw std::invalid_argument("speculative_method 'mtp': this " + hp.arch + " file has no MTP (NextN) layers "
+                                "(nextn_predict_layers 0); use 'ngram'");
+  g.bytes_per_block = KVCache::bytes_per_block(hp.kv_widths(drafts_by_mtp(c)), c.block_size, dtype);
   state_slots(hp, c, g);
   if (c.num_kv_blocks > 0) {
     g.num_kv_blocks = c.num_kv_blocks;
@@ -152,7 +157,8 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
 
 Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate) : cfg_(cfg) {
   file_ = std::make_shared<GGUFFile>(path);
-  model_ = std::make_unique<Model>(file_);
+  if (drafts_by_mtp(cfg_)) kv_geometry(read_hparams(*file_), cfg_);  // a file without MTP layers: said as such
+  model_ = std::make_unique<Model>(file_, drafts_by_mtp(cfg_));
   const HParams& hp = model_->hparams();
   const KVGeometry geo = kv_geometry(hp, cfg_);
   cfg_.n_ctx = geo.n_ctx;
@@ -161,7 +167,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate)
   pool_ = ThreadPool::shared(cfg_.n_threads);
   cfg_.n_threads = pool_->size();
   cfg_.num_kv_blocks = nb;
-  kv_ = std::make_unique<KVCache>(hp.kv_widths(), nb, cfg_.block_size, kv_dtype_from_name(cfg_.kv_cache_dtype));
+  kv_ = std::make_unique<KVCache>(hp.kv_widths(drafts_by_mtp(cfg_)), nb, cfg_.block_size, kv_dtype_from_name(cfg_.kv_cache_dtype));
   if (geo.state_slots > 0) init_recurrent(hp, geo);
   blocks_ = std::make_unique<BlockManager>(nb, cfg_.block_size, cfg_.enable_prefix_caching);
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
@@ -388,8 +394,12 @@ void Engine::propose_draft(Sequence* seq) {
   seq->draft_policy.tick();
   const int k = std::min(cfg_.speculative_ngram, seq->stop.max_tokens - seq->n_generated() - 1);
   if (k <= 0) return;
-  seq->ngrams.extend(seq->tokens);
-  seq->draft = seq->ngrams.propose(seq->tokens, k);
+  if (drafts_by_mtp(cfg_)) {
+    if (seq->mtp_at == (int)seq->tokens.size() && seq->mtp_next >= 0) seq->draft = {seq->mtp_next};
+  } else {
+    seq->ngrams.extend(seq->tokens);
+    seq->draft = seq->ngrams.propose(seq->tokens, k);
+  }
   seq->draft.resize(seq->sampler->grammar_accepts(seq->draft));
 }
 
@@ -418,6 +428,7 @@ std::vector<StepOutput> Engine::step() {
   const double t_step = monotonic_now();
   std::vector<std::pair<Sequence*, const float*>> draws = computed(sched, t_step, out);
   sample_draws(draws, t_step, out);
+  draft_by_mtp();
   last_step_s_ = monotonic_now() - t_sched;
   cost_.observe(shape, last_step_s_);
   step_seconds_sum_ += last_step_s_;
@@ -432,12 +443,18 @@ std::vector<std::pair<Sequence*, const float*>> Engine::computed(const Schedule&
                                                                  std::vector<StepOutput>& out) {
   const int V = model_->hparams().n_vocab;
   size_t row = 0;
+  int brow = 0;  // the batch row of s's first token
   std::vector<std::pair<Sequence*, const float*>> draws;
+  mtp_rows_.clear();
   for (const ScheduledSeq& s : sched.seqs) {
-    const int drafted = (int)s.seq->draft.size();
+    const int drafted = (int)s.seq->draft.size(), pos0 = s.seq->n_computed;
     // seq, or once an n > 1 prompt is computed every sample (forked): each draws from these logits.
     const std::vector<Sequence*> drawers = groups_->computed(s);
     if (s.sample && s.seq->prefill_only()) end_prefill(s.seq, t_step, out);
+    if (drafts_by_mtp(cfg_) && !s.seq->prefill_only())  // a prompt chunk's rows too: the MTP layer's K/V
+      for (Sequence* d : drawers.empty() && !s.sample ? std::vector<Sequence*>{s.seq} : drawers)
+        mtp_rows_.push_back({d, pos0, s.n_tokens, brow});
+    brow += s.n_tokens;
     if (drawers.empty()) continue;
     const float* logits = logits_.data() + row * V;  // [1 + drafted rows × V]
     row += 1 + drafted;
@@ -523,6 +540,41 @@ void Engine::build_batch(const Schedule& sched) {
     for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);
     if (s.sample && !seq->prefill_only())  // the last row, and each drafted one: the draws verify them in turn
       for (int r = (int)seq->draft.size(); r >= 0; r--) batch_.logit_rows.push_back((int32_t)batch_.size() - 1 - r);
+  }
+  mtp_hidden0_ = batch_.hidden_rows.size();
+  if (drafts_by_mtp(cfg_))  // every row's state, after the recorded ones: what the MTP layer reads
+    for (int r = 0; r < (int)batch_.size(); r++) batch_.hidden_rows.push_back(r);
+}
+
+// Each MTP row joins the target's state at position p with the token now known at p + 1 (rejected drafted
+// rows have none); a sequence whose last such row holds its pending token gets a guess at the token after it.
+void Engine::draft_by_mtp() {
+  if (mtp_rows_.empty()) return;
+  const int E = model_->hparams().n_embd, V = model_->hparams().n_vocab;
+  Batch& b = mtp_batch_;
+  b.clear();
+  mtp_target_.clear();
+  std::vector<Sequence*> guessing;
+  for (const MtpRows& m : mtp_rows_) {
+    Sequence* d = m.seq;
+    const int n = std::min(m.n, (int)d->tokens.size() - 1 - m.pos0);
+    for (int i = 0; i < n; i++) {
+      b.tokens.push_back(d->tokens[m.pos0 + i + 1]);
+      b.pos.push_back(m.pos0 + i);
+      b.tables.push_back(&d->blocks.blocks);
+      const float* h = hidden_.data() + (mtp_hidden0_ + m.row0 + i) * E;
+      mtp_target_.insert(mtp_target_.end(), h, h + E);
+    }
+    if (n > 0 && m.pos0 + n == (int)d->tokens.size() - 1 && d->sampler) {
+      b.logit_rows.push_back((int32_t)b.size() - 1);
+      guessing.push_back(d);
+    }
+  }
+  model_->draft_forward(b, mtp_target_.data(), *kv_, *pool_, mtp_logits_);
+  for (size_t r = 0; r < guessing.size(); r++) {
+    const float* l = mtp_logits_.data() + r * V;
+    guessing[r]->mtp_next = (int32_t)(std::max_element(l, l + V) - l);
+    guessing[r]->mtp_at = (int)guessing[r]->tokens.size();
   }
 }
 
@@ -621,6 +673,9 @@ void Engine::apply_draw(Sequence* d, std::vector<SampleResult>& results, double 
     ended = !o.finish_reason.empty();
     out.push_back(std::move(o));
   }
+  if (ended)  // its blocks go with it: no MTP rows
+    mtp_rows_.erase(std::remove_if(mtp_rows_.begin(), mtp_rows_.end(), [d](const MtpRows& m) { return m.seq == d; }),
+                    mtp_rows_.end());
   const auto [drafted, accepted] = groups_->drawn(d, ended);
   if (drafted) spec_drafts_++, spec_draft_tokens_ += drafted, spec_accepted_tokens_ += accepted;
 }
@@ -677,6 +732,29 @@ EngineStats Engine::stats() {
 }
 
 std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows) {
+  return scratch_logits(tokens, rows, false);
+}
+
+std::vector<float> Engine::mtp_logits(const std::vector<int32_t>& tokens) {
+  if (!drafts_by_mtp(cfg_)) throw std::invalid_argument("mtp_logits: the engine does not draft by MTP");
+  return scratch_logits(tokens, {}, true);
+}
+
+// The target's rows → (mtp) the MTP layer's rows 0 … T - 2, each with the token after it.
+void Engine::scratch_mtp(const Batch& target, std::vector<float>& logits) {
+  const int T = (int)target.size();
+  Batch b;
+  for (int t = 0; t + 1 < T; t++) {
+    b.tokens.push_back(target.tokens[t + 1]);
+    b.pos.push_back(t);
+    b.tables.push_back(target.tables[t]);
+    b.logit_rows.push_back(t);
+  }
+  model_->draft_forward(b, hidden_.data(), *kv_, *pool_, logits);
+}
+
+std::vector<float> Engine::scratch_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows,
+                                          bool mtp) {
   const int T = (int)tokens.size(), bs = cfg_.block_size;
   if (T == 0) return {};
   if (T > cfg_.n_ctx) throw std::invalid_argument("more tokens than the context length");
@@ -694,6 +772,7 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
     b.tables.push_back(&table);
     b.slots.push_back(slot);
     if (rows.empty()) b.logit_rows.push_back(t);
+    if (mtp) b.hidden_rows.push_back(t);
   }
   for (int32_t r : rows) {
     if (r < 0 || r >= T) throw std::invalid_argument("row " + std::to_string(r) + " outside the prompt");
@@ -701,7 +780,8 @@ std::vector<float> Engine::prompt_logits(const std::vector<int32_t>& tokens, con
   }
   std::vector<float> logits;
   try {
-    model_->forward(b, *kv_, *pool_, logits, nullptr, states_.get());
+    model_->forward(b, *kv_, *pool_, logits, mtp ? &hidden_ : nullptr, states_.get());
+    if (mtp) scratch_mtp(b, logits);
   } catch (...) {
     for (int blk : table) blocks_->release(blk);
     if (states_) states_->release(slot);

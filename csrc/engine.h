@@ -43,6 +43,9 @@ struct EngineConfig {
   // With speculation: drafted rows priced on the forward times measured at load (scheduler.h: a draft only
   // as long as it pays for itself); false: every match is drafted.
   bool speculative_price_drafts = true;
+  // Where drafts come from: "ngram" (prompt lookup, ngram_draft.h) or "mtp" (the file's multi-token-prediction
+  // layer, Model::draft_forward: one token ahead a step, so at most one drafted token whatever the K).
+  std::string speculative_method = "ngram";
   // How a KV cache slot stores K and V (kv_rows.h): "f16" (llama.cpp's default), "f32", "bf16", "q8_0" (34
   // bytes per 32 values: ~1.9× the tokens of f16 in the same memory).
   std::string kv_cache_dtype = "f16";
@@ -73,16 +76,19 @@ struct ContextLengthError : std::invalid_argument {
 
 // Throws std::invalid_argument naming the first field no engine accepts (negative sizes; block_size,
 // max_num_seqs or max_num_batched_tokens not positive; target_itl negative or not finite; speculative_ngram < 0;
-// kv_cache_dtype not one of f32, f16, bf16, q8_0).
+// kv_cache_dtype not one of f32, f16, bf16, q8_0; speculative_method not ngram or mtp).
 void check_config(const EngineConfig& c);
+// Speculation on, its drafts from the model's MTP layer.
+inline bool drafts_by_mtp(const EngineConfig& c) { return c.speculative_ngram > 0 && c.speculative_method == "mtp"; }
 // The one rule for it (Engine uses it; Python lists a model with it before loading). Throws as check_config,
-// and std::invalid_argument naming the layer and its head width where a q8_0 cache cannot hold it.
+// std::invalid_argument naming the layer and its head width where a q8_0 cache cannot hold it, and one
+// saying so where MTP drafts are asked of a file without MTP layers.
 KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c);
 
 #define PYSERVE_ENGINE_CONFIG_FIELDS(X)                                                                      \
   X(n_threads) X(n_ctx) X(num_kv_blocks) X(kv_cache_memory) X(block_size) X(max_num_seqs)                    \
   X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram)                      \
-  X(speculative_price_drafts) X(kv_cache_dtype)
+  X(speculative_price_drafts) X(speculative_method) X(kv_cache_dtype)
 
 struct Request {
   std::string id;
@@ -204,6 +210,10 @@ class Engine {
   // [rows × n_vocab]. Uses free blocks without going through the scheduler; call between steps. Throws
   // std::invalid_argument for a token id outside the vocabulary ("tokens: token id …") or a bad row.
   std::vector<float> prompt_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows);
+  // MTP drafting: the MTP layer's logits over a fresh sequence, row t (t = 0 … T - 2) joining the target's
+  // state at t with tokens[t + 1] — [(T - 1) × n_vocab], each a guess at tokens[t + 2]. For tests; throws as
+  // prompt_logits, and std::invalid_argument where the engine does not draft by MTP.
+  std::vector<float> mtp_logits(const std::vector<int32_t>& tokens);
 
  private:
   void apply_pending(std::vector<StepOutput>& out);
@@ -213,6 +223,15 @@ class Engine {
   std::string finish_reason(const Sequence& seq, int32_t token, int n_tokens, const std::string& grammar_end) const;
   void propose_drafts();
   void propose_draft(Sequence* seq);
+  // MTP drafting: after the draws, the MTP layer runs over this step's rows whose next token is known (its
+  // K/V for every position, as the target's) and guesses each decoding sequence's token after its pending one.
+  struct MtpRows {
+    Sequence* seq;
+    int pos0, n, row0;  // positions [pos0, pos0 + n) of this step, at rows [row0, row0 + n) of the forward
+  };
+  void draft_by_mtp();
+  std::vector<float> scratch_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows, bool mtp);
+  void scratch_mtp(const Batch& target, std::vector<float>& logits);
   std::vector<SampleResult> verify(Sequence* seq, const float* logits) const;
   void apply_draw(Sequence* seq, std::vector<SampleResult>& results, double t_step, std::vector<StepOutput>& out);
   void check_kind(const Request& req) const;  // the rules that differ between generation, scoring, embedding
@@ -251,6 +270,11 @@ class Engine {
   Batch batch_;
   std::vector<float> logits_;
   std::vector<float> hidden_;                  // [batch_.hidden_rows × n_embd] of the last forward
+  // MTP drafting: every row's final-norm state follows the recorded rows in hidden_, from row mtp_hidden0_
+  size_t mtp_hidden0_ = 0;
+  std::vector<MtpRows> mtp_rows_;              // this step's, of sequences still running after the draws
+  Batch mtp_batch_;
+  std::vector<float> mtp_target_, mtp_logits_;  // [rows × n_embd] its target states, [drafts × n_vocab]
   std::vector<float> score_logits_;            // [≤ kScoreRows × n_vocab]: prompt rows' logits, a slice at a time
   std::vector<ScoreScratch> score_scratch_;    // per thread
   uint64_t steps_ = 0, tokens_computed_ = 0;

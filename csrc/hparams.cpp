@@ -198,7 +198,8 @@ void read_shape(const GGUFFile& f, const std::string& a, const ArchSpec& spec, H
   const int64_t no_ff = 0, no_mtp = 0;
   hp.n_embd = ranged(f, a + "embedding_length", 1, MAX_DIM, nullptr);
   hp.n_layer = ranged(f, a + "block_count", 1, std::max<int64_t>(1, (int64_t)f.tensors().size() / 5), nullptr);
-  hp.n_layer -= ranged(f, a + "nextn_predict_layers", 0, hp.n_layer - 1, &no_mtp);
+  hp.n_mtp = ranged(f, a + "nextn_predict_layers", 0, hp.n_layer - 1, &no_mtp);
+  hp.n_layer -= hp.n_mtp;
   const bool moe = spec.moe_only || f.get_int(a + "expert_count", 0) > 0;
   hp.n_ff = ranged(f, a + "feed_forward_length", moe ? 0 : 1, MAX_DIM, moe ? &no_ff : nullptr);
   hp.moe = read_moe(f, a, spec, hp.n_ff, hp.n_layer);
@@ -421,10 +422,11 @@ void read_short_conv(const GGUFFile& f, const std::string& a, HParams& hp) {
 
 }  // namespace
 
-std::vector<int> HParams::kv_widths() const {
+std::vector<int> HParams::kv_widths(bool with_mtp) const {
   std::vector<int> w(n_layer);
   for (int il = 0; il < n_layer; il++)  // a shared-KV layer reads another's; a recurrent layer keeps no K/V
     w[il] = kv_layer(il) == il && !recurrent(il) ? layer_kv_dim(il) : 0;
+  if (with_mtp) w.push_back(kv_dim());  // an attention layer of the model's global shape
   return w;
 }
 

@@ -71,7 +71,8 @@ struct HParams {
   std::string arch;
   int n_vocab = 0;
   int n_embd = 0;        // model width
-  int n_layer = 0;
+  int n_layer = 0;       // the layers the forward runs (the file's blocks less its MTP layers)
+  int n_mtp = 0;         // nextn_predict_layers: MTP (NextN) layers closing the block list, blk.n_layer …
   int n_head = 0;
   int n_head_kv = 0;
   int head_dim = 0;      // key/query width per head
@@ -114,7 +115,9 @@ struct HParams {
   int layer_kv_dim(int il) const { return layer_n_head_kv(il) * layer_head_dim(il); }
   // The layer whose K/V layer il attends over: itself, or (a shared-KV layer) the last owning layer of its kind.
   int kv_layer(int il) const { return n_layer_kv <= 0 || il < n_layer_kv ? il : n_layer_kv - (is_local(il) ? 2 : 1); }
-  std::vector<int> kv_widths() const;  // [n_layer] K (and V) floats per token slot of each layer, 0: shared or recurrent
+  // [n_layer] K (and V) floats per token slot of each layer, 0: shared or recurrent; with_mtp: then the first MTP
+  // layer's (the drafter's own K/V, beside the target's in the same blocks)
+  std::vector<int> kv_widths(bool with_mtp = false) const;
   // The recurrent layers (DeltaNet or short conv: a model has one kind) and their state, per layer and slot:
   // conv inputs, then matrices (RecurrentStatePool's layout).
   bool recurrent(int il) const { return dn.recurrent(il) || sc.conv_layer(il); }

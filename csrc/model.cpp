@@ -6,10 +6,10 @@
 
 namespace pyserve {
 
-Model::Model(std::shared_ptr<const GGUFFile> file) : file_(std::move(file)) {
+Model::Model(std::shared_ptr<const GGUFFile> file, bool with_mtp) : file_(std::move(file)) {
   hp_ = read_hparams(*file_);
   spec_ = &arch_spec(hp_.arch);
-  load_weights();
+  load_weights(with_mtp);
   pack_weights();
 }
 
@@ -49,7 +49,7 @@ std::vector<Weight> Model::experts(const std::string& name, int64_t n_in, int64_
 }
 
 void Model::pack_weights() {
-  std::vector<Weight*> ws = {&output_};
+  std::vector<Weight*> ws = {&output_, &mtp_.eh_proj};
   for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
     for (Weight* w : {&L.dn.qkv, &L.dn.gate, &L.dn.beta, &L.dn.alpha, &L.dn.out, &L.sc.in_proj, &L.sc.out_proj})
@@ -84,35 +84,16 @@ std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional)
   return out;
 }
 
-void Model::load_weights() {
+void Model::load_weights(bool with_mtp) {
   const int E = hp_.n_embd;
   tok_embd_ = weight("token_embd.weight", E, hp_.n_vocab);
   output_ = file_->find("output.weight") ? weight("output.weight", E, hp_.n_vocab) : tok_embd_;
   output_norm_ = vec(std::string(spec_->output_norm) + ".weight", E);
   cls_out_ = vec("cls.output.weight", (int64_t)hp_.n_cls_out * E, true);
   cls_out_b_ = vec("cls.output.bias", hp_.n_cls_out, true);
-  layers_.resize(hp_.n_layer);
-  for (int il = 0; il < hp_.n_layer; il++) {
-    LayerWeights& L = layers_[il];
-    const std::string p = "blk." + std::to_string(il) + ".";
-    if (spec_->pre_norms) {
-      L.attn_norm = vec(p + "attn_norm.weight", E);
-      L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
-    }
-    if (hp_.dn.recurrent(il)) load_delta_net(p, L.dn);
-    else if (hp_.sc.conv_layer(il)) load_short_conv(p, L.sc);
-    else load_attention(p, L, il);
-    if (hp_.moe.moe_layer(il)) load_moe(il, L.moe);
-    if (!hp_.moe.moe_layer(il) || spec_->moe_gelu) {  // gemma4: its experts run beside the dense FFN
-      load_gate_up(p, L, hp_.layer_ff(il));
-      L.w_down = weight(p + "ffn_down.weight", hp_.layer_ff(il), E);
-    }
-    if (spec_->post_norms) {
-      L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
-      L.post_ffn_norm = vec(p + "post_ffw_norm.weight", E);
-    }
-    L.out_scale = vec(p + "layer_output_scale.weight", 1, true);
-  }
+  layers_.resize(hp_.n_layer + (with_mtp ? 1 : 0));
+  for (int il = 0; il < hp_.n_layer; il++) load_layer(il);
+  if (with_mtp) load_mtp();
   ple_.load(hp_, [this](const std::string& n, int64_t i, int64_t o) { return weight(n, i, o); },
             [this](const std::string& n, int64_t len) { return vec(n, len); });
   ones_.assign(hp_.max_head_dim(), 1.f);
@@ -120,6 +101,44 @@ void Model::load_weights() {
   rope_short_ = vec("rope_factors_short.weight", hp_.rope_dim / 2, true);
   rope_long_ = vec("rope_factors_long.weight", hp_.rope_dim / 2, true);
   set_context(hp_.rope_scaling.n_ctx_orig);
+}
+
+void Model::load_layer(int il) {
+  const int E = hp_.n_embd;
+  LayerWeights& L = layers_[il];
+  const std::string p = "blk." + std::to_string(il) + ".";
+  if (spec_->pre_norms) {
+    L.attn_norm = vec(p + "attn_norm.weight", E);
+    L.ffn_norm = vec(p + spec_->ffn_norm + ".weight", E);
+  }
+  if (hp_.dn.recurrent(il)) load_delta_net(p, L.dn);
+  else if (hp_.sc.conv_layer(il)) load_short_conv(p, L.sc);
+  else load_attention(p, L, il);
+  if (hp_.moe.moe_layer(il)) load_moe(il, L.moe);
+  if (!hp_.moe.moe_layer(il) || spec_->moe_gelu) {  // gemma4: its experts run beside the dense FFN
+    load_gate_up(p, L, hp_.layer_ff(il));
+    L.w_down = weight(p + "ffn_down.weight", hp_.layer_ff(il), E);
+  }
+  if (spec_->post_norms) {
+    L.post_attn_norm = vec(p + "post_attention_norm.weight", E);
+    L.post_ffn_norm = vec(p + "post_ffw_norm.weight", E);
+  }
+  L.out_scale = vec(p + "layer_output_scale.weight", 1, true);
+}
+
+// The first MTP layer, blk.<n_layer>: an attention layer of the model's own kind (index n_layer is neither
+// recurrent nor shared-KV), then its nextn tensors.
+void Model::load_mtp() {
+  if (hp_.n_mtp == 0)
+    throw ModelError(file_->path() + ": the model has no MTP (NextN) layers (" + hp_.arch +
+                     ".nextn_predict_layers is 0), so it cannot draft by MTP");
+  const int E = hp_.n_embd;
+  const std::string p = "blk." + std::to_string(hp_.n_layer) + ".nextn.";
+  load_layer(hp_.n_layer);
+  mtp_.eh_proj = weight(p + "eh_proj.weight", 2 * (int64_t)E, E);
+  mtp_.enorm = vec(p + "enorm.weight", E);
+  mtp_.hnorm = vec(p + "hnorm.weight", E);
+  mtp_.head_norm = vec(p + "shared_head_norm.weight", E, true);
 }
 
 void Model::load_attention(const std::string& p, LayerWeights& L, int il) {
@@ -464,13 +483,10 @@ void Model::moe_beside_dense(int il, const Batch& b, ThreadPool& pool) {
   }, INLINE_ROWS);
 }
 
-void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
-                    std::vector<float>* hidden, RecurrentStatePool* states) {
+void Model::prepare(const Batch& b, ThreadPool& pool) {
   const int T = (int)b.size(), E = hp_.n_embd, qd = hp_.n_head * hp_.max_head_dim();
-  if (T == 0) return;
   int kvd = 0;  // the widest layer's K (and V) row
-  for (int il = 0; il < hp_.n_layer; il++) kvd = std::max(kvd, hp_.layer_kv_dim(il));
-  states_ = states;
+  for (int il = 0; il < (int)layers_.size(); il++) kvd = std::max(kvd, hp_.layer_kv_dim(il));
   if (spec_->attn_gate) grow(qg_, (size_t)T * 2 * qd), grow(qgate_, (size_t)T * qd);
   grow(x_, (size_t)T * E);
   grow(h_, (size_t)T * E);
@@ -491,19 +507,54 @@ void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<f
     rope_angles(b.pos[t], rope_global_, &rope_cs_[(size_t)t * cs]);
     if (hp_.n_swa > 0) rope_angles(b.pos[t], rope_local_, &rope_cs_[(size_t)(T + t) * cs]);
   }, INLINE_ROWS);
+}
+
+void Model::embed(const Batch& b, ThreadPool& pool, float* out) const {
+  const int E = hp_.n_embd;
   const float scale = hp_.embd_mult;
-  pool.parallel_for(T, [&](int64_t t) {
-    float* x = &x_[t * E];
+  pool.parallel_for((int64_t)b.size(), [&](int64_t t) {
+    float* x = &out[t * E];
     dequantize_row(tok_embd_.type, tok_embd_.row(b.tokens[t]), x, E);
     if (scale != 1.0f)
       for (int i = 0; i < E; i++) x[i] *= scale;
   }, INLINE_ROWS);
+}
+
+void Model::forward(const Batch& b, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
+                    std::vector<float>* hidden, RecurrentStatePool* states) {
+  const int T = (int)b.size();
+  if (T == 0) return;
+  states_ = states;
+  prepare(b, pool);
+  embed(b, pool, x_.data());
   if (ple_.enabled()) ple_.inputs(pool, b.tokens.data(), x_.data(), T, act_);
   for (int il = 0; il < hp_.n_layer; il++) layer(il, b, kv, pool);
 
   final_norm(b.logit_rows, final_);
   project(pool, final_.data(), (int)b.logit_rows.size(), logits);
   if (hidden) final_norm(b.hidden_rows, *hidden);
+}
+
+void Model::draft_forward(const Batch& b, const float* target, KVCache& kv, ThreadPool& pool,
+                          std::vector<float>& logits) {
+  const int T = (int)b.size(), E = hp_.n_embd, il = hp_.n_layer;
+  if (!has_mtp()) throw std::logic_error("draft_forward: the model was loaded without its MTP layer");
+  if (T == 0) return;
+  prepare(b, pool);
+  grow(mtp_in_, (size_t)T * 2 * E);
+  embed(b, pool, h_.data());
+  pool.parallel_for(T, [&](int64_t t) {
+    rmsnorm(&h_[t * E], mtp_.enorm.data(), &mtp_in_[t * 2 * E], E, hp_.eps);
+    rmsnorm(&target[t * E], mtp_.hnorm.data(), &mtp_in_[t * 2 * E + E], E, hp_.eps);
+  }, INLINE_ROWS);
+  act_invalidate(act_);
+  matmul(pool, mtp_.eh_proj, mtp_in_.data(), T, x_.data(), act_);
+  layer(il, b, kv, pool);
+  const std::vector<float>& norm = mtp_.head_norm.empty() ? output_norm_ : mtp_.head_norm;
+  grow(final_, b.logit_rows.size() * E);
+  for (size_t r = 0; r < b.logit_rows.size(); r++)
+    rmsnorm(&x_[(size_t)b.logit_rows[r] * E], norm.data(), &final_[r * E], E, hp_.eps);
+  project(pool, final_.data(), (int)b.logit_rows.size(), logits);
 }
 
 void Model::final_norm(const std::vector<int32_t>& rows, std::vector<float>& out) const {

@@ -35,6 +35,15 @@ struct LayerWeights {
   ShortConvWeights sc;                                    // short-conv layers (hp.sc.conv_layer(il)): no q/k/v/o
 };
 
+// A multi-token-prediction (NextN) layer's own tensors, beside an ordinary layer's (llama.cpp's names,
+// blk.<n_layer>.nextn.*; Qwen3.5's mtp.fc / pre_fc_norm_embedding / pre_fc_norm_hidden / norm, DeepSeek's and
+// GLM's the same): the layer reads eh_proj · [enorm(embedding of token t+1) ; hnorm(target state at t)].
+struct MtpWeights {
+  Weight eh_proj;                    // [n_embd × 2·n_embd]
+  std::vector<float> enorm, hnorm;   // [n_embd] each
+  std::vector<float> head_norm;      // [n_embd] shared_head_norm (before the output head), or empty: output_norm
+};
+
 // One engine step's tokens, from any number of sequences.
 struct Batch {
   std::vector<int32_t> tokens;                        // [T] token ids
@@ -57,7 +66,8 @@ class Model {
  public:
   // Reads hyper-parameters and weights from an open file. Throws ModelError (file, tensor, what) on a
   // missing tensor, a shape that disagrees with the metadata, or an unsupported architecture.
-  explicit Model(std::shared_ptr<const GGUFFile> file);
+  // with_mtp: also the file's first MTP layer (draft_forward), or ModelError where it has none.
+  explicit Model(std::shared_ptr<const GGUFFile> file, bool with_mtp = false);
 
   const HParams& hparams() const { return hp_; }
   // The context a sequence may reach (the engine's max model length): picks LongRoPE's long or short
@@ -74,6 +84,12 @@ class Model {
   // sequence's tokens are consecutive and in order in the batch.
   void forward(const Batch& batch, KVCache& kv, ThreadPool& pool, std::vector<float>& logits,
                std::vector<float>* hidden = nullptr, RecurrentStatePool* states = nullptr);
+  // The MTP layer's forward (a with_mtp model), as vLLM's MTP proposer runs it: row t, at position b.pos[t],
+  // joins the target's final-norm state there (target[t × n_embd]) with the embedding of the token that
+  // followed it (b.tokens[t], at b.pos[t] + 1); its K/V go to kv's layer n_layer (a kv of kv_widths(true));
+  // logits[logit_rows × n_vocab] guess the token at b.pos[t] + 2. No state slots: the layer is attention.
+  void draft_forward(const Batch& b, const float* target, KVCache& kv, ThreadPool& pool, std::vector<float>& logits);
+  bool has_mtp() const { return (int)layers_.size() > hp_.n_layer; }
   // The output projection of R final-norm states hidden[R × n_embd] into logits[R × n_vocab]: the same bits
   // as forward's logits of those rows (the matmul is batch-invariant). Call between forwards.
   void project(ThreadPool& pool, const float* hidden, int R, std::vector<float>& logits);
@@ -83,7 +99,11 @@ class Model {
   double rank(const std::vector<double>& h) const;
 
  private:
-  void load_weights();
+  void load_weights(bool with_mtp);
+  void load_layer(int il);
+  void load_mtp();
+  void prepare(const Batch& b, ThreadPool& pool);  // work buffers for b, its RoPE angles
+  void embed(const Batch& b, ThreadPool& pool, float* x) const;  // x[T × n_embd]: the tokens' scaled embeddings
   // Re-lays every packable matrix for the matmul kernels (packed.h) and hands back its mapped pages, so
   // one copy of each weight stays resident. Throws ModelError when the copy does not fit in memory.
   void pack_weights();
@@ -117,7 +137,9 @@ class Model {
   Weight tok_embd_, output_;
   std::vector<float> output_norm_;
   std::vector<float> cls_out_, cls_out_b_;  // [n_cls_out × n_embd], [n_cls_out] or empty: a reranker's head
-  std::vector<LayerWeights> layers_;
+  std::vector<LayerWeights> layers_;  // [n_layer], then the MTP layer where loaded
+  MtpWeights mtp_;
+  std::vector<float> mtp_in_;         // [T × 2·n_embd] the MTP layer's [embedding ; target state], normed
   RopeParams rope_global_, rope_local_;
   PerLayerEmbd ple_;         // gemma4's per-layer token embeddings (enabled() where the file has them)
   std::vector<float> ones_;  // [max head_dim] the weight of an unweighted RMS norm (gemma4's V)

@@ -68,6 +68,10 @@ struct Sequence {
   // slots are.
   std::vector<int> draft_slots;
   NgramIndex ngrams;                 // over `tokens`, extended as it grows (built at the first draft)
+  // MTP drafting: the MTP layer's guess of the token after the pending one, made when tokens had mtp_at
+  // entries (stale once they have more).
+  int32_t mtp_next = -1;
+  int mtp_at = -1;
   DraftPolicy draft_policy;
 
   int n_generated() const { return (int)tokens.size() - n_prompt; }

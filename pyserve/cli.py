@@ -65,11 +65,11 @@ def _option_type(f):
 def _engine_options(args: argparse.Namespace, defaults):
     """The engine options the flags give, over `defaults`."""
     from .engine.options import FIELDS
-    from .engine.speculative import draft_tokens
+    from .engine.speculative import speculation
 
     given = {name: getattr(args, name) for name in FIELDS if getattr(args, name) is not None}
     if args.speculative_config is not None:
-        given["speculative_ngram"] = draft_tokens(None, args.speculative_config)
+        given.update(speculation(args.speculative_config))
     return defaults.replace(**given)
 
 
@@ -89,12 +89,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _speculative_config(text: str) -> dict:
-    """vLLM's --speculative-config JSON, checked here (its method must be "ngram")."""
-    from .engine.speculative import draft_tokens
+    """vLLM's --speculative-config JSON, checked here (its method "ngram" or "mtp")."""
+    from .engine.speculative import speculation
 
     try:
         cfg = json.loads(text)
-        draft_tokens(None, cfg)
+        speculation(cfg)
     except ValueError as e:  # json.JSONDecodeError too
         raise argparse.ArgumentTypeError(str(e)) from None
     return cfg

@@ -509,12 +509,31 @@ def _add_hybrid_layer(add, rng, mat, norm, il: int, cfg: dict, moe_cfg: dict | N
     add(p + "ffn_down.weight", mat(E, F), "ffn_down")
 
 
+def _add_nextn(add, mat, norm, p: str, n_embd: int) -> None:
+    """An MTP (NextN) block's own tensors (llama.cpp's names; Qwen3.5's mtp.fc, pre_fc_norm_embedding,
+    pre_fc_norm_hidden and norm): the projection of [normed embedding ; normed state], their norms, the head's."""
+    add(p + "nextn.eh_proj.weight", mat(n_embd, 2 * n_embd), "attn_q")
+    for part in ("enorm", "hnorm", "shared_head_norm"):
+        add(p + f"nextn.{part}.weight", norm(n_embd))
+
+
+def _echo_mtp(tensors: list, p: str, n_embd: int) -> list:
+    """The MTP block p as write_test_model's mtp="echo" says: eh_proj = [I | 0], its outputs' weights zero."""
+    def echo(name: str, data: np.ndarray) -> np.ndarray:
+        if name == p + "nextn.eh_proj.weight":
+            return np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]).astype(np.float32)
+        if name.startswith(p) and name.split(".")[2] in ("attn_output", "ffn_down", "ffn_down_exps", "ffn_down_shexp"):
+            return np.zeros_like(data)
+        return data
+    return [(name, echo(name, data), role) for name, data, role in tensors]
+
+
 def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", rope_freqs: bool = False,
                      tied: bool | None = None, seed: int = 0, biases: bool | None = None,
                      chat_template: str | None = None, name: str | None = None, moe: Mapping | None = None,
                      rerank: int = 0, rerank_template: str | None = None, rerank_bias: bool = False,
                      vocab: Mapping[str, Any] | None = None, drop: tuple[str, ...] = (),
-                     keys: Mapping[str, Any] | None = None, **dims: Any) -> Path:
+                     keys: Mapping[str, Any] | None = None, mtp: bool | str = False, **dims: Any) -> Path:
     """Write a random ``arch`` model to ``path`` and return the path.
 
     biases: q/k/v biases (default: True for qwen2, which requires them; False otherwise; llama may
@@ -527,6 +546,10 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
     read by gguf_vocab.vocab_meta) written in place of the built-in byte-level vocabulary.
     drop: tensor names or metadata keys left out of the file (an inconsistent file, for the loader's errors).
     keys: more metadata (key -> bool, int, str or list), e.g. ``{"lfm2.attention.causal": False}``.
+    mtp: qwen35 / qwen35moe: a multi-token-prediction block after the layers, as Qwen3.5/3.6 files carry it
+    (a gated attention layer, its FFN, then its nextn tensors; glm4moe always has one). mtp="echo": one that
+    guesses the token it is given comes again (its projection passes the normed embedding alone, its layer
+    adds nothing, the head is tied), so a target that repeats a token has its MTP drafts accepted.
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}")
@@ -538,7 +561,9 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         return write_gemma4(path, qtype=qtype, seed=seed, tied=tied, name=name, chat_template=chat_template,
                             vocab=vocab, **dims)
     if tied is None:  # llama.cpp requires output.weight of these (their real files are untied)
-        tied = arch not in UNTIED_ARCHS
+        tied = arch not in UNTIED_ARCHS or mtp == "echo"
+    if mtp and arch not in hybrid.ARCHS:
+        raise ValueError("mtp: a qwen35 / qwen35moe option (glm4moe files always carry their NextN block)")
     if rope_freqs and arch != "llama":
         raise ValueError("rope_freqs.weight is a llama tensor (llama.cpp would reject it for " + arch + ")")
     if biases is None:
@@ -583,10 +608,14 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         emb_std /= cfg["embedding_scale"]
         out_norm_scale = cfg["embedding_scale"] * cfg["logit_scale"]
     add("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "token_embd")
-    for il in range(n_layer + (arch == "glm4moe")):  # GLM's NextN block: a whole layer, then its own tensors
+    n_mtp = int(arch == "glm4moe" or bool(mtp))
+    for il in range(n_layer + n_mtp):  # an MTP (NextN) block: a whole layer, then its own tensors
         p = f"blk.{il}."
-        if arch in hybrid.ARCHS + lfm2.ARCHS:  # their own mixers
-            _add_hybrid_layer(add, rng, mat, norm, il, cfg, moe_cfg, hybrid if arch in hybrid.ARCHS else lfm2)
+        if arch in hybrid.ARCHS + lfm2.ARCHS:  # their own mixers; Qwen3.5's MTP layer is an attention one
+            own = {**cfg, "full_attention_interval": il + 1} if il == n_layer else cfg
+            _add_hybrid_layer(add, rng, mat, norm, il, own, moe_cfg, hybrid if arch in hybrid.ARCHS else lfm2)
+            if il == n_layer:
+                _add_nextn(add, mat, norm, p, n_embd)
             continue
         if arch != "olmo2":
             add(p + "attn_norm.weight", norm(n_embd))
@@ -628,10 +657,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
             add(p + "ffn_down.weight", mat(n_embd, n_ff), "ffn_down")
         if arch in GEMMAS + ("olmo2",):
             add(p + "post_ffw_norm.weight", norm(n_embd))
-        if il == n_layer:  # the NextN (multi-token prediction) block's own tensors, as GLM files carry
-            add(p + "nextn.eh_proj.weight", mat(n_embd, 2 * n_embd), "attn_q")
-            for part in ("enorm", "hnorm", "shared_head_norm"):
-                add(p + f"nextn.{part}.weight", norm(n_embd))
+        if il == n_layer:
+            _add_nextn(add, mat, norm, p, n_embd)
     add(("token_embd_norm" if arch in lfm2.ARCHS else "output_norm") + ".weight", out_norm_scale * norm(n_embd))
     if not tied:
         add("output.weight", (rng.standard_normal((n_vocab, n_embd)) * emb_std).astype(np.float32), "output")
@@ -648,13 +675,15 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         add("rope_factors_short.weight", np.geomspace(1.0, 1.5, half).astype(np.float32))
         add("rope_factors_long.weight", np.geomspace(1.0, 16.0, half).astype(np.float32))
 
+    if mtp == "echo":
+        tensors = _echo_mtp(tensors, f"blk.{n_layer}.", n_embd)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = GGUFWriter(str(path), arch)
     w.add_name(name or f"pyserve test {arch} {qtype if isinstance(qtype, str) else 'custom'}")
     w.add_context_length(int(cfg["n_ctx"]))
     w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer + (arch == "glm4moe"))
+    w.add_block_count(n_layer + n_mtp)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(lfm2.kv_heads(cfg) if arch in lfm2.ARCHS else n_head_kv)
@@ -668,7 +697,8 @@ def write_test_model(path: str | os.PathLike, arch: str, *, qtype: Any = "F32", 
         w.add_vocab_size(n_vocab)
     if arch == "glm4moe":
         w.add_rope_dimension_count(hd // 2)
-        w.add_nextn_predict_layers(1)
+    if n_mtp:
+        w.add_nextn_predict_layers(n_mtp)
     if moe_cfg:
         _write_moe_keys(w, moe_cfg)
     if arch in hybrid.ARCHS:

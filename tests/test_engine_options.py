@@ -28,7 +28,8 @@ def test_fields_and_defaults_are_the_engines():
 def test_every_field_is_a_flag_with_its_value():
     values = {"n_threads": 3, "n_ctx": 256, "num_kv_blocks": 40, "block_size": 8, "max_num_seqs": 5,
               "max_num_batched_tokens": 96, "enable_prefix_caching": False, "target_itl": 0.05,
-              "speculative_ngram": 3, "speculative_price_drafts": False, "kv_cache_dtype": "q8_0"}
+              "speculative_ngram": 3, "speculative_price_drafts": False, "speculative_method": "mtp",
+              "kv_cache_dtype": "q8_0"}
     argv = []
     for f in dataclasses.fields(EngineOptions):
         if f.name in values:
@@ -41,12 +42,16 @@ def test_every_field_is_a_flag_with_its_value():
     assert engine_options(["serve", "--kv-cache-memory", "1.5M"]).kv_cache_memory == 3 << 19
     cfg = '{"method": "ngram", "num_speculative_tokens": 2}'
     assert engine_options(["serve", "--speculative-config", cfg]).speculative_ngram == 2
+    got = engine_options(["serve", "--speculative-config", '{"method": "qwen3_next_mtp"}'])
+    assert (got.speculative_ngram, got.speculative_method) == (1, "mtp")
 
 
 @pytest.mark.parametrize("argv,says", [(["--ctx-size", "-4"], "n_ctx must be an integer >= 0"),
                                        (["--block-size", "0"], "block_size must be positive"),
                                        (["--target-itl", "nan"], "target_itl must be >= 0"),
                                        (["--max-num-seqs", "two"], "expected an integer"),
+                                       (["--speculative-method", "eagle"], "speculative_method must be one of ngram, mtp"),
+                                       (["--speculative-config", '{"method": "eagle"}'], "method 'eagle' is not supported"),
                                        (["--kv-cache-dtype", "fp8"], "kv_cache_dtype must be one of f32, f16, bf16, q8_0")])
 def test_a_bad_flag_is_a_usage_error_naming_it(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -58,7 +63,7 @@ def test_a_bad_flag_is_a_usage_error_naming_it(argv, says, capsys):
 def test_every_key_of_a_models_config_table(tmp_path, model_path):
     keys = {"threads": 1, "ctx_size": 128, "kv_cache_memory": "2M", "block_size": 32, "max_num_seqs": 3,
             "max_num_batched_tokens": 64, "enable_prefix_caching": False, "target_itl": 0.0, "speculative_ngram": 2,
-            "speculative_price_drafts": False, "kv_cache_dtype": "bf16"}
+            "speculative_price_drafts": False, "speculative_method": "ngram", "kv_cache_dtype": "bf16"}
     assert set(keys) | {"num_kv_blocks"} == set(BY_KEY)
     body = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in keys.items())
     (tmp_path / "m.toml").write_text(f'[small]\npath = "{model_path}"\n{body}\n[bad]\npath = "x.gguf"\n')

@@ -69,40 +69,44 @@ def spec_counts(eng) -> np.ndarray:
     return np.array([s["spec_drafts"], s["spec_draft_tokens"], s["spec_accepted_tokens"]])
 
 
-def alone(path, sampling: dict, max_tokens: int = 40, n: int = 1, **kw) -> dict:
+def each(make, prompts: dict, sampling: dict, max_tokens: int = 40, n: int = 1) -> dict:
+    """Every prompt run by itself on the engine make() gives (a fresh one, or the same one each time)."""
     out = {}
-    for rid, p in PROMPTS.items():
-        out.update(run(engine(path, 0, **kw), {rid: p}, sampling, max_tokens, n))
+    for rid, p in prompts.items():
+        out.update(run(make(), {rid: p}, sampling, max_tokens, n))
     return out
+
+
+def alone(path, sampling: dict, max_tokens: int = 40, n: int = 1, **kw) -> dict:
+    return each(lambda: engine(path, 0, **kw), PROMPTS, sampling, max_tokens, n)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_alone_the_same_with_drafts_accepted_and_rejected(path, sampling):
     on = engine(path, K)
-    got = {}
-    for rid, p in PROMPTS.items():
-        got.update(run(on, {rid: p}, sampling))
-    assert got == alone(path, sampling)
+    assert each(lambda: on, PROMPTS, sampling) == alone(path, sampling)
     drafts, drafted, accepted = spec_counts(on)
     assert drafted > accepted > 0 and drafts > 10
 
 
-def test_batched_the_same(path):
-    on = engine(path, K, max_num_batched_tokens=9, block_size=4)  # prompts in chunks beside drafted decodes
+def batched_the_same(on, prompts: dict, expected) -> None:
+    """Greedy and seeded, every prompt batched on `on`: expected(sampling), with drafts accepted and rejected."""
     for sampling in (GREEDY, SEEDED):
         before = spec_counts(on)
-        assert run(on, PROMPTS, sampling) == alone(path, sampling)
+        assert run(on, prompts, sampling) == expected(sampling)
         _, drafted, accepted = spec_counts(on) - before
         assert drafted > accepted > 0
 
 
+def test_batched_the_same(path):
+    on = engine(path, K, max_num_batched_tokens=9, block_size=4)  # prompts in chunks beside drafted decodes
+    batched_the_same(on, PROMPTS, lambda sampling: alone(path, sampling))
+
+
 def test_n3_samples_the_same(path):
     """Three seeded samples per prompt: each forks its own copy of the prompt's state, then drafts on its own."""
-    on = engine(path, K)
-    got = {}
-    for rid, p in PROMPTS.items():  # three decodes a step: five rows left for drafts
-        got.update(run(on, {rid: p}, SEEDED, n=3))
-    assert got == alone(path, SEEDED, n=3)
+    on = engine(path, K)  # three decodes a step: five rows left for drafts
+    assert each(lambda: on, PROMPTS, SEEDED, n=3) == alone(path, SEEDED, n=3)
     _, drafted, accepted = spec_counts(on)
     assert drafted > accepted > 0
 

@@ -14,7 +14,7 @@ from .model_source import resolve_model
 from .options import EngineOptions
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
-from .speculative import draft_tokens
+from .speculative import speculation
 from .structured import GrammarCompiler
 
 
@@ -24,15 +24,15 @@ class LLM:
     LLM(model=None) loads the default model; `model` is a GGUF path otherwise. Engine options: an
     EngineOptions (`options`), and/or its fields as keywords over it (pyserve/engine/options.py: n_threads,
     n_ctx, num_kv_blocks / kv_cache_memory, block_size, max_num_seqs, max_num_batched_tokens,
-    enable_prefix_caching, target_itl, speculative_ngram); vLLM's speculative_config={"method": "ngram",
-    "num_speculative_tokens": K} sets speculative_ngram. Unknown names: TypeError; bad values: ValueError.
+    enable_prefix_caching, target_itl, speculative_ngram, speculative_method, …); vLLM's
+    speculative_config={"method": "ngram" | "mtp", "num_speculative_tokens": K} sets the last two. Unknown names: TypeError; bad values: ValueError.
     """
 
     def __init__(self, model: Optional[str] = None, *, options: Optional[EngineOptions] = None,
                  speculative_config: Optional[dict] = None, **engine_options):
         options = (options or EngineOptions()).replace(**engine_options)
         if speculative_config is not None:
-            options = options.replace(speculative_ngram=draft_tokens(None, speculative_config))
+            options = options.replace(**speculation(speculative_config))
         t0 = time.perf_counter()
         self.model_path = resolve_model(model)
         t_resolve = time.perf_counter() - t0

@@ -83,6 +83,11 @@ class EngineOptions:
     speculative_price_drafts: bool = _option(
         True, "--speculative-price-drafts", "with speculation: draft only as many tokens as the forward times "
         "measured at load say pay for themselves (off: every match is drafted)")
+    # "mtp": the file's multi-token-prediction (NextN) layer drafts, one token ahead a step (Qwen3.5/3.6, GLM)
+    speculative_method: str = _option(
+        "ngram", "--speculative-method", "where drafted tokens come from: ngram (prompt lookup) or mtp (the "
+        "model's own multi-token-prediction layer, where its file has one: one drafted token a step)",
+        metavar="{ngram,mtp}")
     # docs/BENCHMARKS.md (2026-12-02): q8_0's accuracy cost against f32 on the default model
     kv_cache_dtype: str = _option(
         "f16", "--kv-cache-dtype", "how the KV cache stores K and V: f16, bf16, f32, q8_0 (34 bytes per 32 "
