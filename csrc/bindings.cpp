@@ -450,7 +450,7 @@ py::list loop_drain(EngineLoop& l) {
 
 py::array_t<float> logits_array(const std::vector<float>& logits, py::ssize_t rows, py::ssize_t V) {
   py::array_t<float> out({rows, V});
-  std::memcpy(out.mutable_data(), logits.data(), std::min(logits.size(), (size_t)(rows * V)) * sizeof(float));
+  std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
   return out;
 }
 

@@ -539,7 +539,7 @@ void Model::draft_forward(const Batch& b, const float* target, KVCache& kv, Thre
                           std::vector<float>& logits) {
   const int T = (int)b.size(), E = hp_.n_embd, il = hp_.n_layer;
   if (!has_mtp()) throw std::logic_error("draft_forward: the model was loaded without its MTP layer");
-  if (T == 0) return;
+  if (T == 0) return logits.clear();
   prepare(b, pool);
   grow(mtp_in_, (size_t)T * 2 * E);
   embed(b, pool, h_.data());
