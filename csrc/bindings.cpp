@@ -598,6 +598,7 @@ PYBIND11_MODULE(_engine, m) {
   bind_grammar(m);
   bind_engine(m);
   bind_runtime(m);
+  bind_tokenizer(m);
   py::module_ testing = m.def_submodule("testing", "the engine's parts alone, for tests and benchmarks: kernels, "
                                                   "the sampler, the block manager, the scheduler over a simulated model");
   bind_testing(testing);

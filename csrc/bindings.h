@@ -12,6 +12,9 @@ namespace pyserve {
 // (ValueError) naming the parameter for an unknown key or a value that does not convert.
 SamplingConfig config_from_kwargs(const pybind11::dict& kw);
 
+// Binds SpmTokenizer (bindings_tokenizer.cpp) into `m`.
+void bind_tokenizer(pybind11::module_& m);
+
 // Binds the harnesses into `m` (the `testing` submodule of _engine).
 void bind_testing(pybind11::module_& m);
 

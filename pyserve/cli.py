@@ -116,6 +116,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         return run_replicas(args)
     from .engine.options import EngineOptions
+
+    engine = _engine_options(args, EngineOptions.serving())
+    _load_early(args, engine)
     from .server.runner import ServeOptions, run
 
     max_loaded = args.max_loaded_models if args.max_loaded_models is not None else 0 if args.models_memory else 1
@@ -132,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
                             max_body_size=args.max_body_size, body_timeout=args.body_timeout,
                             keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout,
                             stalled_client_timeout=args.stalled_client_timeout,
-                            engine=_engine_options(args, EngineOptions.serving()),
+                            engine=engine,
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
                             tool_call_parser=args.tool_call_parser,
@@ -140,6 +143,17 @@ def _serve(args: argparse.Namespace) -> int:
                             response_store_size=args.response_store_size,
                             response_store_ttl=args.response_store_ttl,
                             response_store_bytes=args.response_store_bytes))
+
+
+def _load_early(args: argparse.Namespace, engine) -> None:
+    """One model and no catalog (the server then loads it at start): its load begins now, beside the server's
+    imports (model_load.py hands it over)."""
+    if args.models_dir or args.models_config or len(args.model or []) > 1:
+        return
+    from .engine.model_load import start_early
+    from .server.model_options import model_arg
+
+    start_early(model_arg(args.model[0]).path if args.model else None, engine.as_dict())
 
 
 def _generate_parser(sub) -> None:

@@ -257,4 +257,29 @@ def test_second_server_start_reads_the_cache(monkeypatch, tmp_path):
         logs.append("".join(s.stderr))
     assert "(built)" in logs[0] and "(measured)" in logs[0], logs[0][-2000:]
     assert "tokenizer" in logs[1] and "(cached)" in logs[1] and "(measured)" not in logs[1], logs[1][-2000:]
+    assert all("begun at start-up" in log for log in logs)  # cli.py's early load, taken over by the server
     assert len(list((tmp_path / "tokenizers").glob("*.bin"))) == 1
+
+
+def test_early_load_is_taken_over(model_path):
+    """model_load.start_early then a load of the same file with the same options: that load is the early one
+    (it waited for it, calibrated after it) and generates what a plain load does; other options, or an early
+    load that failed, leave the plain load to do the work."""
+    from pyserve import LLM, SamplingParams
+    from pyserve.engine.model_load import start_early
+    from pyserve.engine.options import EngineOptions
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    plain = LLM(model_path, n_threads=2)
+    assert "waited" not in plain.load_times and "begun at start-up" not in plain.load_summary()
+    start_early(model_path, EngineOptions(n_threads=2).as_dict())
+    early = LLM(model_path, n_threads=2)
+    assert "waited" in early.load_times and "begun at start-up" in early.load_summary()
+    assert [m.generate("The sky is", greedy)[0].outputs[0].token_ids for m in (plain, early)] == \
+        [plain.generate("The sky is", greedy)[0].outputs[0].token_ids] * 2
+    start_early(model_path, EngineOptions(n_threads=1).as_dict())
+    other = LLM(model_path, n_threads=2)
+    assert "waited" not in other.load_times and other.config["n_threads"] == 2
+    start_early(str(Path(model_path).with_name("no-such-model.gguf")), EngineOptions(n_threads=2).as_dict())
+    after_failure = LLM(model_path, n_threads=2)
+    assert "waited" not in after_failure.load_times

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -163,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pyserve bench: error: {err}", file=sys.stderr)
         return 2
     try:
+        import asyncio  # here: the other commands' start-up does not pay for it
+
         return asyncio.run(bench(args))
     except KeyboardInterrupt:
         return 130

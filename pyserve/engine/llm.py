@@ -57,7 +57,8 @@ class LLM:
         t = self.load_times
         return (f"resolve {t['resolve']:.2f} s, header {t['header']:.2f} s, engine {t['engine']:.2f} s | "
                 f"tokenizer {t['tokenizer']:.2f} s ({self.tokenizer_source}), calibrate {t['calibrate']:.2f} s "
-                f"({self.calibration_source}), total {t['total']:.2f} s")
+                f"({self.calibration_source}), total {t['total']:.2f} s" +
+                (f", begun at start-up (waited {t['waited']:.2f} s)" if "waited" in t else ""))
 
     # What the layers above read of the loaded model (they never reach into the native engine).
     @property

@@ -11,9 +11,16 @@ calibration itself slower.
 
 Errors are those a load in sequence raises, in that order: the engine's (GGUFError / ModelError / ValueError,
 once the tokenizer thread has ended), then the tokenizer's.
+
+An early load (`start_early`): `pyserve serve` with one model begins loading it -- header, engine and tokenizer,
+not the calibration -- in a thread before it imports the server (~0.3 s of modules that hold the GIL while the
+engine's load does not), and the server's load_model of the same file with the same options takes it over, then
+calibrates alone. Any other load_model drops it; one that failed is forgotten, and the server's own load then
+raises what it raises.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +31,7 @@ from .calibration_cache import calibrate
 from .tokenizer import Tokenizer
 from .tokenizer_cache import load_tokenizer
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "load_model", "start_early"]
 
 
 @dataclass
@@ -56,6 +63,15 @@ class _TokenizerThread(threading.Thread):
 
 def load_model(path: str, options: dict) -> LoadedModel:
     """The engine of the GGUF at `path` (with engine `options`, EngineOptions.as_dict()) and its tokenizer."""
+    loaded = _claim_early(path, options) or _load_uncalibrated(path, options)
+    t_calibrate = time.perf_counter()
+    loaded.calibration_source = calibrate(loaded.engine, path)
+    seconds = time.perf_counter() - t_calibrate
+    loaded.times.update(calibrate=seconds, total=loaded.times["total"] + seconds)  # an early load's own time
+    return loaded
+
+
+def _load_uncalibrated(path: str, options: dict) -> LoadedModel:
     t0 = time.perf_counter()
     metadata = _engine.read_gguf(path)[0]
     t_header = time.perf_counter()
@@ -69,9 +85,55 @@ def load_model(path: str, options: dict) -> LoadedModel:
     if tok.error is not None:
         raise tok.error
     tokenizer, source = tok.result
-    t_calibrate = time.perf_counter()
-    how = calibrate(engine, path)
-    t_end = time.perf_counter()
     times = {"header": t_header - t0, "engine": t_engine - t_header, "tokenizer": tok.seconds,
-             "calibrate": t_end - t_calibrate, "total": t_end - t0}
-    return LoadedModel(engine, metadata, tokenizer, times, source, how)
+             "total": time.perf_counter() - t0}
+    return LoadedModel(engine, metadata, tokenizer, times, source)
+
+
+class _EarlyLoad(threading.Thread):
+    """_load_uncalibrated begun ahead of its load_model. Not a daemon: an exit before the server claims it waits
+    for it to end (a native load is not torn down mid-way by the interpreter's shutdown)."""
+
+    def __init__(self, model: Optional[str], options: dict):
+        super().__init__(name="pyserve-early-load")
+        self.model, self.options = model, dict(options)
+        self.path: Optional[str] = None
+        self.result: Optional[LoadedModel] = None
+
+    def run(self) -> None:
+        from .model_source import resolve_model
+
+        try:
+            self.path = os.path.realpath(resolve_model(self.model))
+            self.result = _load_uncalibrated(self.path, self.options)
+        except Exception:  # noqa: BLE001 - the server's own load raises it where it is reported
+            self.result = None
+
+
+_early: Optional[_EarlyLoad] = None
+_early_lock = threading.Lock()
+
+
+def start_early(model: Optional[str], options: dict) -> None:
+    """Begins loading `model` (a GGUF path; None: the default model) with engine `options` in a thread; the
+    next load_model of that file with those options takes it (a load already begun is dropped for this one)."""
+    global _early
+    with _early_lock:
+        _early = _EarlyLoad(model, options)
+        _early.start()
+
+
+def _claim_early(path: str, options: dict) -> Optional[LoadedModel]:
+    """The early load, if it is of `path` with `options` and it succeeded (waiting for it to end); else None
+    (and it is dropped either way)."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is None:
+        return None
+    t0 = time.perf_counter()
+    early.join()
+    if early.result is None or early.path != os.path.realpath(path) or early.options != options:
+        return None
+    early.result.times["waited"] = time.perf_counter() - t0
+    return early.result

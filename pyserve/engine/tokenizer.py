@@ -1,13 +1,16 @@
-"""Tokenizer for GGUF models, built on the HuggingFace ``tokenizers`` package.
+"""Tokenizer for GGUF models: SentencePiece BPE natively, the others on the HuggingFace ``tokenizers`` package.
 
 The behaviour follows llama.cpp's ``llama-vocab.cpp`` (the reference the engine is checked
-against), reproduced with ``tokenizers`` building blocks:
+against):
 
 * ``tokenizer.ggml.model == "llama"`` (SentencePiece BPE: gemma 1-3, llama 2, mistral, phi-3):
-  a BPE model whose merges are derived from the token scores (every split of a normal token
-  into two normal tokens, ranked by the merged token's score), with byte fallback to the
-  ``<0xNN>`` tokens. Spaces become ``▁``; when ``add_space_prefix`` is on (llama.cpp's default
-  for this model type) each stretch of text gets a leading ``▁``, as llama.cpp does.
+  merge the adjacent pair of normal tokens whose concatenation is the best-scoring normal token,
+  with byte fallback to the ``<0xNN>`` tokens. Spaces become ``▁``; when ``add_space_prefix`` is on
+  (llama.cpp's default for this model type) each stretch of text gets a leading ``▁``, as llama.cpp
+  does. Serving uses the native SpmTokenizer (csrc/spm_tokenizer.h: built in milliseconds, the GIL
+  released while it encodes); its twin, a ``tokenizers`` BPE whose merges are derived from the
+  scores (hf_tokenizer.py; ~0.6 s to build for Gemma 3), is the reference tests hold it to
+  (``reference_encoder``).
 * ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE with ``tokenizer.ggml.merges``): the
   pre-tokenizer regexes that llama.cpp uses for ``tokenizer.ggml.pre``, applied in sequence
   (each one splits the pieces of the previous one, keeping unmatched text as pieces), then the
@@ -32,15 +35,13 @@ streamed text in llama.cpp either).
 from __future__ import annotations
 
 import logging
-import threading
+from array import array
 from dataclasses import astuple, dataclass
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from tokenizers import AddedToken, Regex
-from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import models, normalizers, pre_tokenizers
-
+from .. import _engine
 from .fim_tokens import FimTokens, read_fim_tokens
+from .hf_tokenizer import HFEncoder, Recipe, spm_merges
 
 logger = logging.getLogger(__name__)
 
@@ -69,85 +70,6 @@ _TYPE_TO_ATTR = {
 _A_SKIPPED = _A_UNKNOWN | _A_CONTROL  # rendered as "" when special tokens are skipped
 
 _SPACE_MARK = "\u2581"  # ▁
-
-# ---------------------------------------------------------------------------------------------
-# pre-tokenizer regexes for byte-level BPE (from llama.cpp's llm_tokenizer_bpe)
-# ---------------------------------------------------------------------------------------------
-
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_RE_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_SEED_CODER = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_BAILING = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
-_RE_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-              r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-             r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
-def _char_class(ranges: Iterable[tuple[int, int]]) -> str:
-    parts = []
-    for lo, hi in ranges:
-        parts.append(chr(lo) if lo == hi else f"{chr(lo)}-{chr(hi)}")
-    return "[" + "".join(parts) + "]"
-
-
-# deepseek-llm's letter class, written by code point: the source text holds characters that
-# Unicode normalisation would fold (U+1FBE, U+2126, U+212A, ...), so it is not copied as text.
-_DEEPSEEK_LETTERS = _char_class([
-    (0x41, 0x5A), (0x61, 0x7A), (0xB5, 0xB5), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0x1BA),
-    (0x1BC, 0x1BF), (0x1C4, 0x293), (0x295, 0x2AF), (0x370, 0x373), (0x376, 0x377),
-    (0x37B, 0x37D), (0x37F, 0x37F), (0x386, 0x386), (0x388, 0x38A), (0x38C, 0x38C),
-    (0x38E, 0x3A1), (0x3A3, 0x3F5), (0x3F7, 0x481), (0x48A, 0x52F), (0x531, 0x556),
-    (0x10A0, 0x10C5), (0x13A0, 0x13F5), (0x13F8, 0x13FD), (0x1C90, 0x1CBA), (0x1CBD, 0x1CBF),
-    (0x1D00, 0x1D2B), (0x1D6B, 0x1D77), (0x1D79, 0x1D9A), (0x1E00, 0x1F15), (0x1F18, 0x1F1D),
-    (0x1F20, 0x1F45), (0x1F48, 0x1F4D), (0x1F50, 0x1F57), (0x1F59, 0x1F59), (0x1F5B, 0x1F5B),
-    (0x1F5D, 0x1F5D), (0x1F5F, 0x1F7D), (0x1F80, 0x1FB4), (0x1FB6, 0x1FBC), (0x1FBE, 0x1FBE),
-    (0x1FC2, 0x1FC4), (0x1FC6, 0x1FCC), (0x1FD0, 0x1FD3), (0x1FD6, 0x1FDB), (0x1FE0, 0x1FEC),
-    (0x1FF2, 0x1FF4), (0x1FF6, 0x1FFC), (0x2102, 0x2102), (0x2107, 0x2107), (0x210A, 0x2113),
-    (0x2115, 0x2115), (0x2119, 0x211D), (0x2124, 0x2124), (0x2126, 0x2126), (0x2128, 0x2128),
-    (0x212A, 0x212D), (0x212F, 0x2134), (0x2139, 0x2139), (0x213C, 0x213F), (0x2145, 0x2149),
-    (0x214E, 0x214E), (0x2183, 0x2184), (0x2C00, 0x2C7B), (0x2C7E, 0x2CE4), (0x2CEB, 0x2CEE),
-    (0x2CF2, 0x2CF3), (0xA640, 0xA66D), (0xA680, 0xA69B), (0xA722, 0xA76F), (0xA771, 0xA787),
-    (0xA78B, 0xA78E), (0xAB70, 0xABBF), (0xFB00, 0xFB06), (0xFB13, 0xFB17), (0xFF21, 0xFF3A),
-    (0xFF41, 0xFF5A), (0x10400, 0x1044F), (0x104B0, 0x104D3), (0x104D8, 0x104FB),
-    (0x10C80, 0x10CB2), (0x10CC0, 0x10CF2), (0x118A0, 0x118DF), (0x1E900, 0x1E943),
-])
-_DEEPSEEK_PUNCT = _char_class([(0x21, 0x2F), (0x3A, 0x7E), (0xFF01, 0xFF0F), (0xFF1A, 0xFF5E),
-                               (0x2018, 0x201F), (0x3000, 0x3002)])
-_CJK_HANGUL = _char_class([(0x4E00, 0x9FA5), (0x0800, 0x4E00), (0xAC00, 0xD7FF)])
-
-# pre-tokenizer family -> list of regexes applied in sequence
-_PRE_REGEXES: dict[str, list[str]] = {
-    "default": [r"[\p{P}\$\+<=>\^~\|]+", _RE_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
-    "llama3": [_RE_LLAMA3],
-    "gpt2": [_RE_GPT2],
-    "starcoder": [r"\p{N}", _RE_GPT2],
-    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _RE_GPT2, r"[0-9][0-9][0-9]"],
-    "deepseek-llm": [r"[\r\n]", r"\s?" + _DEEPSEEK_LETTERS + "+", r"\s?" + _DEEPSEEK_PUNCT + "+",
-                     r"\s+$", _CJK_HANGUL + "+", r"\p{N}+"],
-    "deepseek-coder": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL + "+", r"\p{N}"],
-    "deepseek-v3": [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
-                    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-                    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
-    "qwen2": [_RE_QWEN2],
-    "qwen35": [_RE_QWEN35],
-    "poro": [r" ?[^(\s|.,!?…。，、।۔،)]+"],
-    "viking": [r" ?[^(\s|.,!?…。，、।۔،)]+", r"\p{N}"],
-    "tekken": [_RE_TEKKEN],
-    "gpt4o": [_RE_GPT4O],
-    "seed-coder": [_RE_SEED_CODER],
-    "bailingmoe": [_RE_BAILING],
-}
 
 # tokenizer.ggml.pre -> (family, ignore_merges, default add_bos); from llama.cpp's vocab loader
 _PRE_TABLE: dict[str, tuple[str, bool, bool]] = {}
@@ -220,13 +142,22 @@ def _get(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
+class Encoder(Protocol):
+    """Text -> ids without BOS/EOS: _engine.SpmTokenizer or hf_tokenizer.HFEncoder."""
+
+    def encode(self, text: str, parse_special: bool = False) -> list[int]: ...
+
+    def token_to_id(self, text: str) -> int | None: ...
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build with :meth:`from_gguf_metadata`."""
 
-    def __init__(self, *, hf: _HFTokenizer, model: str, pre: str | None, tokens: list[str], attrs: list[int],
+    def __init__(self, *, encoder: Encoder, model: str, pre: str | None, tokens: list[str], attrs: list[int],
                  piece_bytes: list[bytes], specials: _Specials, eos_ids: tuple[int, ...],
-                 fim: FimTokens = FimTokens()) -> None:
-        self._hf = hf
+                 fim: FimTokens = FimTokens(), parts: Mapping[str, Any] | None = None) -> None:
+        self._encoder = encoder
+        self._parts = parts  # read_parts's values (what reference_encoder builds from)
         self.model = model
         self.pre = pre
         self._tokens = tokens
@@ -240,9 +171,6 @@ class Tokenizer:
         self.add_space_prefix = specials.add_space_prefix
         self.vocab_size = len(tokens)
         self._fim = fim
-        self._lock = threading.Lock()
-        self._encode_special = True  # state of hf.encode_special_tokens (True = specials NOT parsed)
-        hf.encode_special_tokens = True
 
     # ------------------------------------------------------------------------------ building
 
@@ -254,12 +182,20 @@ class Tokenizer:
     @classmethod
     def from_parts(cls, parts: Mapping[str, Any]) -> "Tokenizer":
         """The tokenizer of ``read_parts``'s plain values (what tokenizer_cache.py stores)."""
-        tokens, attrs = parts["tokens"], parts["attrs"]
-        hf = _hf_from_recipe(_Recipe(*parts["recipe"]), {t: i for i, t in enumerate(tokens)})
-        _add_special_tokens(hf, tokens, attrs, set(parts["rstrip_ids"]))
-        return cls(hf=hf, model=parts["model"], pre=parts["pre"], tokens=tokens, attrs=attrs,
-                   piece_bytes=parts["piece_bytes"], specials=_Specials(*parts["specials"]),
-                   eos_ids=tuple(parts["eos_ids"]), fim=FimTokens(*parts["fim"]))
+        recipe = Recipe(*parts["recipe"])
+        encoder = _native_spm(parts) if recipe.kind == "spm" else _hf_encoder(parts, recipe)
+        return cls(encoder=encoder, model=parts["model"], pre=parts["pre"], tokens=parts["tokens"],
+                   attrs=parts["attrs"], piece_bytes=parts["piece_bytes"], specials=_Specials(*parts["specials"]),
+                   eos_ids=tuple(parts["eos_ids"]), fim=FimTokens(*parts["fim"]), parts=parts)
+
+    def reference_encoder(self) -> Encoder:
+        """The `tokenizers` pipeline of this vocabulary (for SentencePiece BPE the native tokenizer's twin, its
+        merges derived from the scores: slow to build; tests compare the two)."""
+        recipe = Recipe(*self._parts["recipe"])
+        if recipe.kind == "spm":
+            p = self._parts
+            recipe = recipe._replace(merges=spm_merges(p["tokens"], p["types"], array("f", p["scores"])))
+        return _hf_encoder(self._parts, recipe)
 
     # ------------------------------------------------------------------------------ encode
 
@@ -272,15 +208,7 @@ class Tokenizer:
         parse_special: recognise control tokens (e.g. ``<start_of_turn>``) written in the text.
         User-defined tokens are always recognised.
         """
-        if text:
-            want = not parse_special
-            with self._lock:
-                if self._encode_special != want:
-                    self._hf.encode_special_tokens = want
-                    self._encode_special = want
-                ids = self._hf.encode(text, add_special_tokens=False).ids
-        else:
-            ids = []
+        ids = self._encoder.encode(text, parse_special) if text else []
         if add_special:
             if self.add_bos and not (ids and ids[0] == self.bos_id):
                 ids.insert(0, self.bos_id)
@@ -305,7 +233,7 @@ class Tokenizer:
         return out + [b""] * (n_vocab - len(out))
 
     def token_to_id(self, text: str) -> int | None:
-        return self._hf.token_to_id(text)
+        return self._encoder.token_to_id(text)
 
     def piece(self, token_id: int, skip_special: bool = True) -> bytes:
         """Bytes of one token as ``decode`` uses them (b"" for a skipped special token)."""
@@ -381,16 +309,26 @@ def read_parts(meta: Mapping[str, Any]) -> dict[str, Any]:
     _force_control(attrs, types, token_to_id, (specials.eot_id, specials.eom_id, *fim.ids()))
     merges = _get(meta, "tokenizer.ggml.merges", [])
     if model == "llama":
-        recipe = _spm_recipe(tokens, types, _get(meta, "tokenizer.ggml.scores"), token_to_id, specials.unk_id,
-                             specials.add_space_prefix)
+        has_bytes = all(f"<0x{b:02X}>" in token_to_id for b in range(256))
+        unk = tokens[specials.unk_id] if specials.unk_id is not None else None
+        recipe = Recipe("spm", [], has_bytes, unk, specials.add_space_prefix)  # merges: the native tokenizer's
     elif model == "gemma4":
-        recipe = _Recipe("spm_bpe", _read_merges(token_to_id, merges, model), True)
+        recipe = Recipe("spm_bpe", _read_merges(token_to_id, merges, model), True)
     else:
         recipe = _bpe_recipe(token_to_id, merges, pre)
     piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes if model == "gpt2" else _spm_normal_bytes)
-    return {"model": model, "pre": pre, "tokens": tokens, "attrs": attrs, "piece_bytes": piece_bytes,
-            "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim), "recipe": tuple(recipe),
-            "rstrip_ids": sorted(_rstrip_ids(meta, attrs, token_to_id))}
+    return {"model": model, "pre": pre, "tokens": tokens, "types": bytes(t if 0 <= t < 256 else 0 for t in types),
+            "scores": _scores(meta, len(tokens)) if model == "llama" else b"", "attrs": attrs,
+            "piece_bytes": piece_bytes, "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim),
+            "recipe": tuple(recipe), "rstrip_ids": sorted(_rstrip_ids(meta, attrs, token_to_id))}
+
+
+def _scores(meta: Mapping[str, Any], n: int) -> bytes:
+    """tokenizer.ggml.scores as float32 bytes; b"" (every score 0) where they are missing or too few."""
+    scores = _get(meta, "tokenizer.ggml.scores")
+    if scores is None or len(scores) < n:
+        return b""
+    return array("f", [float(x) for x in scores[:n]]).tobytes()
 
 
 def _read_tokens(meta: Mapping[str, Any]) -> tuple[list[str], list[int], dict[str, int]]:
@@ -549,41 +487,6 @@ def _byte_token_value(text: str) -> bytes:
     return text.encode("utf-8")
 
 
-class _Recipe(NamedTuple):
-    """What the `tokenizers` object is built from; the merges are the costly part to derive (SPM: ~0.5 M for
-    Gemma 3's 262k tokens). kind: "spm" (merges from the scores), "spm_bpe" (gemma4) or "bpe" (byte-level)."""
-    kind: str
-    merges: list  # [(left, right)] in rank order
-    byte_fallback: bool = False  # to the <0xNN> tokens
-    unk_token: str | None = None
-    add_space_prefix: bool = False  # spm: a leading ▁ on each stretch of text
-    family: str = ""  # bpe: the pre-tokenizer family (_PRE_REGEXES)
-    ignore_merges: bool = False  # bpe: a word that is a token is not merged
-
-
-def _spm_recipe(tokens: list[str], types: list[int], scores: Sequence[float] | None, token_to_id: dict[str, int],
-                unk_id: int | None, add_space_prefix: bool) -> _Recipe:
-    """SentencePiece BPE as a `tokenizers` BPE: merges derived from the scores.
-
-    Every split of a normal token into two normal tokens is a merge; merges are ranked by the
-    merged token's score (higher first; ties by lower id, then longer left part). This is what
-    llama.cpp's SPM tokenizer does: merge the adjacent pair whose concatenation is the
-    best-scoring vocabulary token.
-    """
-    n = len(tokens)
-    if scores is None or len(scores) < n:
-        scores = [0.0] * n
-    normal = {t for t, ty in zip(tokens, types) if ty == TT_NORMAL}
-    cand = [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == TT_NORMAL and len(t) > 1]
-    splits = [[k for k in range(len(t) - 1, 0, -1) if t[:k] in normal and t[k:] in normal]
-              for t in [tokens[i] for i in cand]]
-    neg_scores = [-float(scores[i]) for i in cand]
-    order = sorted(range(len(cand)), key=neg_scores.__getitem__)  # stable: ties keep id order
-    merges = [(t[:k], t[k:]) for j in order if splits[j] for t in (tokens[cand[j]],) for k in splits[j]]
-    has_bytes = all(f"<0x{b:02X}>" in token_to_id for b in range(256))
-    return _Recipe("spm", merges, has_bytes, tokens[unk_id] if unk_id is not None else None, add_space_prefix)
-
-
 def _read_merges(token_to_id: Mapping[str, int], merges_raw: Sequence[str], model: str) -> list[tuple[str, str]]:
     """``tokenizer.ggml.merges`` ("left right", in rank order) as pairs; a merge whose parts or result
     are not tokens can never apply, so it is dropped (with a warning)."""
@@ -603,7 +506,7 @@ def _read_merges(token_to_id: Mapping[str, int], merges_raw: Sequence[str], mode
     return merges
 
 
-def _bpe_recipe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str | None) -> _Recipe:
+def _bpe_recipe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str | None) -> Recipe:
     """Byte-level BPE (GPT-2 style) with llama.cpp's pre-tokenizer regexes for ``pre``."""
     merges = _read_merges(token_to_id, merges_raw, "gpt2")
     fam = _PRE_TABLE.get(pre) if pre else None
@@ -616,42 +519,29 @@ def _bpe_recipe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str
             logger.warning("tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer")
             fam = _PRE_TABLE["default"]
     family, ignore_merges, _ = fam
-    return _Recipe("bpe", merges, family=family, ignore_merges=ignore_merges)
+    return Recipe("bpe", merges, family=family, ignore_merges=ignore_merges)
 
 
-def _hf_from_recipe(r: _Recipe, token_to_id: dict[str, int]) -> _HFTokenizer:
-    """The `tokenizers` object of a recipe: spm (``▁`` for spaces, optional space prefix, byte fallback),
-    spm_bpe (gemma4: ``▁`` for spaces, split only at newline runs, byte fallback) or byte-level bpe."""
-    if r.kind == "bpe":
-        hf = _HFTokenizer(models.BPE(vocab=token_to_id, merges=r.merges, ignore_merges=r.ignore_merges))
-        steps = [pre_tokenizers.Split(Regex(x), behavior="isolated", invert=False) for x in _PRE_REGEXES[r.family]]
-        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
-        hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
-        return hf
-    hf = _HFTokenizer(models.BPE(vocab=token_to_id, merges=r.merges, byte_fallback=r.byte_fallback,
-                                 unk_token=r.unk_token))
-    if r.kind == "spm_bpe":
-        hf.normalizer = normalizers.Replace(" ", _SPACE_MARK)
-        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
-        return hf
-    steps = [normalizers.Prepend(_SPACE_MARK)] if r.add_space_prefix else []
-    steps.append(normalizers.Replace(" ", _SPACE_MARK))
-    hf.normalizer = normalizers.Sequence(steps)
-    return hf
+# ---------------------------------------------------------------------------------------------
+# encoders
+# ---------------------------------------------------------------------------------------------
+
+def _added(parts: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+    """(special ids: control / unknown, matched only with parse_special; user-defined ids: always matched)."""
+    special = [i for i, a in enumerate(parts["attrs"]) if a & (_A_CONTROL | _A_UNKNOWN)]
+    user = [i for i, a in enumerate(parts["attrs"]) if a & _A_USER_DEFINED and not a & (_A_CONTROL | _A_UNKNOWN)]
+    return special, user
 
 
-def _add_special_tokens(hf: _HFTokenizer, tokens: list[str], attrs: list[int], rstrip_ids: set[int]) -> None:
-    """Control / unknown tokens as special tokens (``encode_special_tokens`` leaves those unparsed),
-    user-defined ones as plain added tokens (always parsed); both matched on the raw text."""
-    special_added, user_added = [], []
-    for i, a in enumerate(attrs):
-        if a & (_A_CONTROL | _A_UNKNOWN):
-            special_added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=i in rstrip_ids,
-                                            normalized=False, special=True))
-        elif a & _A_USER_DEFINED:
-            user_added.append(AddedToken(tokens[i], single_word=False, lstrip=False, rstrip=i in rstrip_ids,
-                                         normalized=False, special=False))
-    if special_added:
-        hf.add_special_tokens(special_added)
-    if user_added:
-        hf.add_tokens(user_added)
+def _native_spm(parts: Mapping[str, Any]) -> Encoder:
+    special, user = _added(parts)
+    rstrip = set(parts["rstrip_ids"])
+    added = [(i, True, i in rstrip) for i in special] + [(i, False, i in rstrip) for i in user]
+    recipe, specials = Recipe(*parts["recipe"]), _Specials(*parts["specials"])
+    return _engine.SpmTokenizer(parts["tokens"], parts["scores"], parts["types"], added, specials.unk_id,
+                                recipe.byte_fallback, recipe.add_space_prefix)
+
+
+def _hf_encoder(parts: Mapping[str, Any], recipe: Recipe) -> Encoder:
+    special, user = _added(parts)
+    return HFEncoder(recipe, parts["tokens"], special, user, set(parts["rstrip_ids"]))

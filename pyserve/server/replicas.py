@@ -26,8 +26,6 @@ import threading
 import time
 from functools import partial
 
-import httpx
-
 from .auth import load_keys
 from .router_launch import ROUTER_MISSING, router_command, router_installed
 
@@ -94,6 +92,8 @@ class Replica:
         return self.proc
 
     def healthy(self) -> bool:
+        import httpx  # here: `pyserve serve` without --replicas does not pay for its import
+
         try:
             return httpx.get(self.url + "/health", timeout=5).status_code == 200
         except httpx.HTTPError:
@@ -143,9 +143,13 @@ class Supervisor:
             self.stopping.wait(0.2)
             if self.stopping.is_set():
                 raise KeyboardInterrupt
+        import httpx
+
         self.model = httpx.get(self.replicas[0].url + "/server_info", headers=self.auth, timeout=10).json()["model"]
 
     def _router_ready(self, url: str) -> bool:
+        import httpx
+
         try:
             r = httpx.get(url + "/readiness", headers=self.auth, timeout=5)
             return r.status_code == 200 and r.json().get("healthy_workers") == len(self.replicas)
