@@ -191,9 +191,11 @@ py::object to_py(const GGUFValue& v) {
   return out;
 }
 
-py::dict metadata_dict(const GGUFFile& f) {
+// max_array >= 0: arrays longer than that are left out (a vocabulary's ~260k strings are most of the work)
+py::dict metadata_dict(const GGUFFile& f, int64_t max_array = -1) {
   py::dict d;
-  for (const auto& [k, v] : f.metadata()) d[file_str(k)] = to_py(v);
+  for (const auto& [k, v] : f.metadata())
+    if (max_array < 0 || v.type != GGUFType::ARRAY || (int64_t)v.size() <= max_array) d[file_str(k)] = to_py(v);
   return d;
 }
 
@@ -210,10 +212,16 @@ py::list tensor_list(const GGUFFile& f) {
 }
 
 void bind_gguf(py::module_& m) {
-  m.def("read_gguf", [](const std::string& path) {
-    GGUFFile f(path);
-    return py::make_tuple(metadata_dict(f), tensor_list(f), f.version());
-  }, py::arg("path"), "-> (metadata: dict, tensors: list[dict], version). Raises GGUFError on a malformed file.");
+  m.def("read_gguf", [](const std::string& path, int64_t max_array) {
+    std::unique_ptr<GGUFFile> f;
+    {
+      py::gil_scoped_release nogil;
+      f = std::make_unique<GGUFFile>(path);
+    }
+    return py::make_tuple(metadata_dict(*f, max_array), tensor_list(*f), f->version());
+  }, py::arg("path"), py::arg("max_array") = -1,
+        "-> (metadata: dict, tensors: list[dict], version); max_array >= 0 leaves out arrays longer than that. "
+        "Raises GGUFError on a malformed file; parses with the GIL released.");
   m.def("tensor_data", [](const std::string& path, const py::str& py_name) {
     // names come back from read_gguf with surrogate escapes for non-UTF-8 bytes: encode them the same way
     PyObject* b = PyUnicode_AsEncodedString(py_name.ptr(), "utf-8", "surrogateescape");

@@ -33,19 +33,34 @@ std::vector<T> from_bytes(const py::bytes& b, const char* what) {
   return out;
 }
 
-std::shared_ptr<SpmTokenizer> make_spm(const py::list& tokens, const py::bytes& scores, const py::bytes& types,
+// The texts of tokenizer.py's PackedTexts: `blob` cut at `ends` (uint32, each text's end).
+std::vector<std::string> unpack_texts(std::string_view blob, const std::vector<uint32_t>& ends) {
+  std::vector<std::string> out;
+  out.reserve(ends.size());
+  uint32_t start = 0;
+  for (uint32_t end : ends) {
+    if (end < start || end > blob.size()) throw std::invalid_argument("SpmTokenizer: text ends out of order");
+    out.emplace_back(blob.substr(start, end - start));
+    start = end;
+  }
+  return out;
+}
+
+std::shared_ptr<SpmTokenizer> make_spm(const py::bytes& blob, const py::bytes& ends, const py::bytes& scores,
+                                       const py::bytes& types,
                                        const std::vector<std::tuple<int32_t, bool, bool>>& added,
                                        std::optional<int32_t> unk_id, bool byte_fallback, bool add_space_prefix) {
   SpmVocabSpec spec;
-  spec.tokens.reserve(tokens.size());
-  for (py::handle t : tokens) spec.tokens.push_back(file_bytes(t));
+  const std::vector<uint32_t> text_ends = from_bytes<uint32_t>(ends, "ends");
   spec.scores = from_bytes<float>(scores, "scores");
   spec.types = from_bytes<uint8_t>(types, "types");
   for (const auto& [id, special, rstrip] : added) spec.added.push_back({id, special, rstrip});
   spec.unk_id = unk_id.value_or(-1);
   spec.byte_fallback = byte_fallback;
   spec.add_space_prefix = add_space_prefix;
+  const std::string_view texts = blob;  // `blob` (immutable, referenced by the caller) outlives the call
   py::gil_scoped_release nogil;
+  spec.tokens = unpack_texts(texts, text_ends);
   return std::make_shared<SpmTokenizer>(std::move(spec));
 }
 
@@ -63,9 +78,10 @@ void bind_tokenizer(py::module_& m) {
   py::class_<SpmTokenizer, std::shared_ptr<SpmTokenizer>>(m, "SpmTokenizer",
       "SentencePiece-BPE text -> ids (csrc/spm_tokenizer.h), the twin of the `tokenizers` pipeline for "
       "tokenizer.ggml.model 'llama'")
-      .def(py::init(&make_spm), py::arg("tokens"), py::arg("scores"), py::arg("types"), py::arg("added"),
+      .def(py::init(&make_spm), py::arg("texts"), py::arg("ends"), py::arg("scores"), py::arg("types"), py::arg("added"),
            py::arg("unk_id"), py::arg("byte_fallback"), py::arg("add_space_prefix"),
-           "tokens: [n_vocab] str; scores: float32 bytes ([n_vocab] or empty); types: [n_vocab] uint8 GGUF "
+           "texts: the token texts' UTF-8 joined, ends: [n_vocab] uint32 each one's end (tokenizer.PackedTexts); "
+           "scores: float32 bytes ([n_vocab] or empty); types: [n_vocab] uint8 GGUF "
            "token types; added: [(id, special, rstrip)]. ValueError naming what does not fit; releases the GIL")
       .def("encode", &spm_encode, py::arg("text"), py::arg("parse_special") = false,
            "-> ids, no BOS/EOS; ValueError if a character has no token and no fallback; releases the GIL")

@@ -11,7 +11,7 @@ import pytest
 
 from gguf_vocab import load_gguf_metadata, read_vectors, vocab_meta
 from pyserve import _engine
-from pyserve.engine.tokenizer import Tokenizer
+from pyserve.engine.tokenizer import PackedTexts, Tokenizer
 
 SPM_VOCABS = ["llama-spm", "phi-3"]
 PIECES = ["a", "b", "ab", "abc", " ", "  ", "\n", "\n\n", "\t", ".", ",", "!", "?", "<", ">", "|", "_", "▁", "é",
@@ -134,20 +134,34 @@ def test_byte_fallback():
 
 # ------------------------------------------------------------------ errors
 
+def _spm(tokens: list[str], **kw) -> _engine.SpmTokenizer:
+    texts, ends = PackedTexts.pack(tokens)
+    args = dict(scores=b"", types=bytes([1] * len(tokens)), added=[], unk_id=None, byte_fallback=False,
+                add_space_prefix=False)
+    return _engine.SpmTokenizer(texts, ends, **{**args, **kw})
+
+
 def test_construction_errors():
-    ok = dict(tokens=["a", "b"], scores=b"", types=bytes([1, 1]), added=[], unk_id=None, byte_fallback=False,
-              add_space_prefix=False)
-    assert _engine.SpmTokenizer(**ok).n_vocab == 2
-    for bad, word in [(dict(types=bytes([1])), "types"), (dict(scores=b"\0" * 4), "scores"),
-                      (dict(tokens=["a", "a"]), "duplicate"), (dict(tokens=["a", ""]), "empty"),
-                      (dict(added=[(5, True, False)]), "added"), (dict(unk_id=7), "unk_id"),
-                      (dict(byte_fallback=True), "byte"), (dict(scores=b"\0" * 7), "whole")]:
+    assert _spm(["a", "b"]).n_vocab == 2
+    for tokens, bad, word in [(["a", "b"], dict(types=bytes([1])), "types"), (["a", "b"], dict(scores=b"\0" * 4), "scores"),
+                              (["a", "a"], {}, "duplicate"), (["a", ""], {}, "empty"),
+                              (["a", "b"], dict(added=[(5, True, False)]), "added"), (["a", "b"], dict(unk_id=7), "unk_id"),
+                              (["a", "b"], dict(byte_fallback=True), "byte"), (["a", "b"], dict(scores=b"\0" * 7), "whole")]:
         with pytest.raises(ValueError, match=word):
-            _engine.SpmTokenizer(**{**ok, **bad})
+            _spm(tokens, **bad)
+    with pytest.raises(ValueError, match="out of order"):
+        _engine.SpmTokenizer(b"ab", bytes(PackedTexts.pack(["a", "b"]).ends[::-1]), b"", bytes([1, 1]), [], None,
+                             False, False)
+
+
+def test_packed_texts():
+    texts = ["a", "▁b", "\udcff", "日本", "[EMPTY_4]"]
+    packed = PackedTexts.pack(texts)
+    assert packed.unpack() == texts and [packed.text(i) for i in range(5)] == texts
 
 
 def test_no_fallback_no_unknown_raises():
-    enc = _engine.SpmTokenizer(["a", "b"], b"", bytes([1, 1]), [], None, False, False)
+    enc = _spm(["a", "b"])
     assert enc.encode("ab") == [0, 1]
     with pytest.raises(ValueError, match="not in the vocabulary"):
         enc.encode("axb")

@@ -283,3 +283,29 @@ def test_early_load_is_taken_over(model_path):
     start_early(str(Path(model_path).with_name("no-such-model.gguf")), EngineOptions(n_threads=2).as_dict())
     after_failure = LLM(model_path, n_threads=2)
     assert "waited" not in after_failure.load_times
+
+
+def test_tokenizer_of_file_skips_the_vocabulary(tmp_path, monkeypatch):
+    """A server's start: the second load of a file finds its entry by the file's stamp, without reading the
+    vocabulary (the engine's reader is not called); a touched file is read again and finds the same entry."""
+    import shutil
+
+    from gguf_vocab import vocab_path
+    from pyserve.engine import tokenizer_cache
+
+    path = tmp_path / "vocab.gguf"
+    shutil.copy(vocab_path("llama-spm"), path)
+    cache = tmp_path / "cache"
+    first, how = tokenizer_cache.load_tokenizer_of_file(str(path), cache)
+    assert how == "built" and len(list((cache / "tokenizers" / "files").glob("*.json"))) == 1
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer_cache._engine, "read_gguf", lambda *a, **k: pytest.fail("the vocabulary was read"))
+        again, how = tokenizer_cache.load_tokenizer_of_file(str(path), cache)
+    assert how == "cached"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched, how = tokenizer_cache.load_tokenizer_of_file(str(path), cache)
+    assert how == "cached"
+    texts = [text for text, _ in read_vectors("llama-spm")]
+    _same(first, again, texts)
+    _same(first, touched, texts)

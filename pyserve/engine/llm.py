@@ -4,9 +4,7 @@ from __future__ import annotations
 import itertools
 import time
 from types import MappingProxyType
-from typing import Iterable, Mapping, Optional, Sequence, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence, Union
 
 from .engine_request import EngineRequest, PromptType, prompt_ids
 from .model_load import load_model
@@ -16,6 +14,9 @@ from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .speculative import speculation
 from .structured import GrammarCompiler
+
+if TYPE_CHECKING:  # numpy is imported where a vector is made: a server that makes none does not pay 35 ms
+    import numpy as np
 
 
 class LLM:
@@ -38,7 +39,7 @@ class LLM:
         t_resolve = time.perf_counter() - t0
         loaded = load_model(self.model_path, options.as_dict())  # the engine and the tokenizer side by side
         self.engine = loaded.engine
-        # the file's header, converted once (the vocabulary alone is ~260k strings); read-only
+        # the file's header, converted once, without the vocabulary's arrays (~260k strings); read-only
         self._metadata = MappingProxyType(loaded.metadata)
         self._hparams = MappingProxyType(self.engine.hparams)
         self.tokenizer = loaded.tokenizer
@@ -76,7 +77,8 @@ class LLM:
 
     @property
     def metadata(self) -> Mapping:
-        """The GGUF header's key-value pairs (read-only)."""
+        """The GGUF header's key-value pairs (read-only), but for arrays of more than 4096 elements (the
+        vocabulary's tokens, scores, types and merges: the tokenizer has them)."""
         return self._metadata
 
     @property

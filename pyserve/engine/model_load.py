@@ -2,8 +2,9 @@
 phase timed.
 
 The engine's load (weights read and repacked) releases the GIL; the tokenizer (from tokenizer_cache.py, or
-derived from the vocabulary) is Python and `tokenizers` work that holds it. So the tokenizer is made in a
-second thread from the header (read on its own: ~0.05 s) while this one waits in the engine's constructor.
+read from the vocabulary) is mostly Python work that holds it. So the tokenizer is made in a second thread from
+the file (a file seen before: its cache entry, the vocabulary never read into Python) while this one waits in
+the engine's constructor. The header the model keeps is read first without the vocabulary's long arrays.
 The engine's calibration (timed scratch forwards that seed its step-cost model, ~1 s with the serving
 options; calibration_cache.py keeps it for the next load) runs after both, alone: beside the tokenizer's
 thread its thread team would be descheduled, the timings inflated (measured: row costs 1.5-2x) and the
@@ -29,9 +30,13 @@ from typing import Any, Optional
 from .. import _engine
 from .calibration_cache import calibrate
 from .tokenizer import Tokenizer
-from .tokenizer_cache import load_tokenizer
+from .tokenizer_cache import load_tokenizer_of_file
 
 __all__ = ["LoadedModel", "load_model", "start_early"]
+
+# The header a model keeps leaves out arrays longer than this: the vocabulary's (tokens, scores, types, merges),
+# which only the tokenizer reads, and it reads them itself (tokenizer_cache.load_tokenizer_of_file) or not at all.
+_HEADER_MAX_ARRAY = 4096
 
 
 @dataclass
@@ -45,9 +50,9 @@ class LoadedModel:
 
 
 class _TokenizerThread(threading.Thread):
-    def __init__(self, metadata: dict):
+    def __init__(self, path: str):
         super().__init__(name="pyserve-tokenizer", daemon=True)
-        self.metadata = metadata
+        self.path = path
         self.result: Optional[tuple[Tokenizer, str]] = None
         self.error: Optional[BaseException] = None
         self.seconds = 0.0
@@ -55,7 +60,7 @@ class _TokenizerThread(threading.Thread):
     def run(self) -> None:
         t0 = time.perf_counter()
         try:
-            self.result = load_tokenizer(self.metadata)
+            self.result = load_tokenizer_of_file(self.path)
         except BaseException as e:  # noqa: BLE001 - handed to the loading thread, raised there
             self.error = e
         self.seconds = time.perf_counter() - t0
@@ -73,9 +78,9 @@ def load_model(path: str, options: dict) -> LoadedModel:
 
 def _load_uncalibrated(path: str, options: dict) -> LoadedModel:
     t0 = time.perf_counter()
-    metadata = _engine.read_gguf(path)[0]
+    metadata = _engine.read_gguf(path, _HEADER_MAX_ARRAY)[0]
     t_header = time.perf_counter()
-    tok = _TokenizerThread(metadata)
+    tok = _TokenizerThread(path)
     tok.start()
     try:
         engine = _engine.Engine(path, calibrate=False, **options)

@@ -34,10 +34,11 @@ streamed text in llama.cpp either).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from array import array
 from dataclasses import astuple, dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from .. import _engine
 from .fim_tokens import FimTokens, read_fim_tokens
@@ -142,6 +143,27 @@ def _get(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
+class PackedTexts(NamedTuple):
+    """The token texts as one UTF-8 blob (surrogate escapes kept as their bytes) and each text's end in it
+    (uint32): what the cache stores and the native tokenizer takes without 262k Python strings."""
+    blob: bytes
+    ends: bytes  # [n_vocab] uint32, native byte order
+
+    @classmethod
+    def pack(cls, texts: list[str]) -> "PackedTexts":
+        data = [t.encode("utf-8", "surrogateescape") for t in texts]
+        return cls(b"".join(data), array("I", itertools.accumulate(map(len, data))).tobytes())
+
+    def text(self, i: int) -> str:
+        ends = memoryview(self.ends).cast("I")
+        return self.blob[ends[i - 1] if i else 0:ends[i]].decode("utf-8", "surrogateescape")
+
+    def unpack(self) -> list[str]:
+        ends = memoryview(self.ends).cast("I")
+        starts = itertools.chain((0,), ends)
+        return [self.blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
+
+
 class Encoder(Protocol):
     """Text -> ids without BOS/EOS: _engine.SpmTokenizer or hf_tokenizer.HFEncoder."""
 
@@ -153,14 +175,14 @@ class Encoder(Protocol):
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build with :meth:`from_gguf_metadata`."""
 
-    def __init__(self, *, encoder: Encoder, model: str, pre: str | None, tokens: list[str], attrs: list[int],
+    def __init__(self, *, encoder: Encoder, model: str, pre: str | None, texts: PackedTexts, attrs: list[int],
                  piece_bytes: list[bytes], specials: _Specials, eos_ids: tuple[int, ...],
                  fim: FimTokens = FimTokens(), parts: Mapping[str, Any] | None = None) -> None:
         self._encoder = encoder
         self._parts = parts  # read_parts's values (what reference_encoder builds from)
         self.model = model
         self.pre = pre
-        self._tokens = tokens
+        self._texts = texts
         self._attrs = attrs
         self._piece_bytes = piece_bytes
         self.bos_id = specials.bos_id
@@ -169,7 +191,7 @@ class Tokenizer:
         self.add_bos = specials.add_bos
         self.add_eos = specials.add_eos
         self.add_space_prefix = specials.add_space_prefix
-        self.vocab_size = len(tokens)
+        self.vocab_size = len(texts.ends) // 4  # uint32 each
         self._fim = fim
 
     # ------------------------------------------------------------------------------ building
@@ -184,7 +206,7 @@ class Tokenizer:
         """The tokenizer of ``read_parts``'s plain values (what tokenizer_cache.py stores)."""
         recipe = Recipe(*parts["recipe"])
         encoder = _native_spm(parts) if recipe.kind == "spm" else _hf_encoder(parts, recipe)
-        return cls(encoder=encoder, model=parts["model"], pre=parts["pre"], tokens=parts["tokens"],
+        return cls(encoder=encoder, model=parts["model"], pre=parts["pre"], texts=PackedTexts(*parts["texts"]),
                    attrs=parts["attrs"], piece_bytes=parts["piece_bytes"], specials=_Specials(*parts["specials"]),
                    eos_ids=tuple(parts["eos_ids"]), fim=FimTokens(*parts["fim"]), parts=parts)
 
@@ -194,7 +216,8 @@ class Tokenizer:
         recipe = Recipe(*self._parts["recipe"])
         if recipe.kind == "spm":
             p = self._parts
-            recipe = recipe._replace(merges=spm_merges(p["tokens"], p["types"], array("f", p["scores"])))
+            recipe = recipe._replace(merges=spm_merges(PackedTexts(*p["texts"]).unpack(), p["types"],
+                                                       array("f", p["scores"])))
         return _hf_encoder(self._parts, recipe)
 
     # ------------------------------------------------------------------------------ encode
@@ -268,8 +291,8 @@ class Tokenizer:
     def special_texts(self) -> dict[str, str]:
         """bos_token / eos_token strings for chat templates ("" where the vocab has none)."""
         return {
-            "bos_token": self._tokens[self.bos_id] if self.bos_id is not None else "",
-            "eos_token": self._tokens[self.eos_id] if self.eos_id is not None else "",
+            "bos_token": self._texts.text(self.bos_id) if self.bos_id is not None else "",
+            "eos_token": self._texts.text(self.eos_id) if self.eos_id is not None else "",
         }
 
     def __repr__(self) -> str:
@@ -317,10 +340,12 @@ def read_parts(meta: Mapping[str, Any]) -> dict[str, Any]:
     else:
         recipe = _bpe_recipe(token_to_id, merges, pre)
     piece_bytes = _piece_bytes(tokens, attrs, _bytelevel_to_bytes if model == "gpt2" else _spm_normal_bytes)
-    return {"model": model, "pre": pre, "tokens": tokens, "types": bytes(t if 0 <= t < 256 else 0 for t in types),
+    rstrip = _rstrip_ids(meta, attrs, token_to_id)
+    return {"model": model, "pre": pre, "texts": tuple(PackedTexts.pack(tokens)),
+            "types": bytes(t if 0 <= t < 256 else 0 for t in types),
             "scores": _scores(meta, len(tokens)) if model == "llama" else b"", "attrs": attrs,
             "piece_bytes": piece_bytes, "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim),
-            "recipe": tuple(recipe), "rstrip_ids": sorted(_rstrip_ids(meta, attrs, token_to_id))}
+            "recipe": tuple(recipe), "added": _added(attrs, rstrip)}
 
 
 def _scores(meta: Mapping[str, Any], n: int) -> bytes:
@@ -526,22 +551,24 @@ def _bpe_recipe(token_to_id: dict[str, int], merges_raw: Sequence[str], pre: str
 # encoders
 # ---------------------------------------------------------------------------------------------
 
-def _added(parts: Mapping[str, Any]) -> tuple[list[int], list[int]]:
-    """(special ids: control / unknown, matched only with parse_special; user-defined ids: always matched)."""
-    special = [i for i, a in enumerate(parts["attrs"]) if a & (_A_CONTROL | _A_UNKNOWN)]
-    user = [i for i, a in enumerate(parts["attrs"]) if a & _A_USER_DEFINED and not a & (_A_CONTROL | _A_UNKNOWN)]
-    return special, user
+def _added(attrs: list[int], rstrip: set[int]) -> list[tuple[int, bool, bool]]:
+    """The tokens matched whole in the raw text: (id, special, rstrip). special: control / unknown, matched only
+    with parse_special; else user-defined, always matched; rstrip: it takes the whitespace after it."""
+    out = []
+    for i, a in enumerate(attrs):
+        if a & (_A_CONTROL | _A_UNKNOWN | _A_USER_DEFINED):
+            out.append((i, bool(a & (_A_CONTROL | _A_UNKNOWN)), i in rstrip))
+    return out
 
 
 def _native_spm(parts: Mapping[str, Any]) -> Encoder:
-    special, user = _added(parts)
-    rstrip = set(parts["rstrip_ids"])
-    added = [(i, True, i in rstrip) for i in special] + [(i, False, i in rstrip) for i in user]
     recipe, specials = Recipe(*parts["recipe"]), _Specials(*parts["specials"])
-    return _engine.SpmTokenizer(parts["tokens"], parts["scores"], parts["types"], added, specials.unk_id,
+    blob, ends = parts["texts"]
+    return _engine.SpmTokenizer(blob, ends, parts["scores"], parts["types"], parts["added"], specials.unk_id,
                                 recipe.byte_fallback, recipe.add_space_prefix)
 
 
 def _hf_encoder(parts: Mapping[str, Any], recipe: Recipe) -> Encoder:
-    special, user = _added(parts)
-    return HFEncoder(recipe, parts["tokens"], special, user, set(parts["rstrip_ids"]))
+    added = parts["added"]
+    return HFEncoder(recipe, PackedTexts(*parts["texts"]).unpack(), [i for i, sp, _ in added if sp],
+                     [i for i, sp, _ in added if not sp], {i for i, _, r in added if r})

@@ -4,6 +4,10 @@ Reading Gemma 3's vocabulary (262k tokens: their attributes, every token's bytes
 read from here takes ~0.05 s, and the native SentencePiece tokenizer builds from it in milliseconds. For the
 vocabularies `tokenizers` handles (byte-level BPE, Gemma 4) the entry holds the merges it is built from.
 
+A server's start (load_tokenizer_of_file) finds the entry without reading the vocabulary: a stamp per file
+(``tokenizers/files/``: path, size, mtime, inode, the code's digest -> the key) names it; a stamp that no longer
+matches, or an entry that is gone, sends it the long way (the metadata read whole, the key hashed).
+
 Where: user_cache.py's folder (``$PYSERVE_CACHE_DIR``, "off" for none; else ``$XDG_CACHE_HOME/pyserve`` or
 ``~/.cache/pyserve``), one file per vocabulary under ``tokenizers/``. The key is a SHA-256 of the vocabulary
 metadata itself (every ``tokenizer.*`` key and ``general.name``, which the rules read) and of the code that
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import marshal
+import os
 import sys
 from array import array
 from pathlib import Path
@@ -28,15 +34,17 @@ from typing import Any, Mapping, Optional
 
 import tokenizers
 
+from .. import _engine
 from .tokenizer import Tokenizer, read_parts
 from .user_cache import cache_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_tokenizer", "vocab_key"]
+__all__ = ["load_tokenizer", "load_tokenizer_of_file", "vocab_key"]
 
 _MAGIC = b"pyserve-tokenizer 1\n"
-_PARTS = ("model", "pre", "tokens", "types", "scores", "attrs", "piece_bytes", "specials", "eos_ids", "fim", "recipe", "rstrip_ids")
+_PARTS = ("model", "pre", "texts", "types", "scores", "attrs", "piece_bytes", "specials", "eos_ids", "fim", "recipe",
+          "added")
 _SOURCES = ("tokenizer.py", "hf_tokenizer.py", "fim_tokens.py", "tokenizer_cache.py")  # the code whose output is cached
 _code_digest: Optional[bytes] = None
 
@@ -102,8 +110,8 @@ def _read(path: Path, key: str) -> Optional[dict]:
     entry = marshal.loads(body)
     if not isinstance(entry, dict) or entry.get("key") != key or set(entry) != {"key", *_PARTS}:
         raise ValueError("another key, or parts missing")
-    n = len(entry["tokens"])
-    if n == 0 or len(entry["attrs"]) != n or len(entry["piece_bytes"]) != n:
+    n = len(entry["attrs"])
+    if n == 0 or len(entry["texts"][1]) != 4 * n or len(entry["piece_bytes"]) != n or len(entry["types"]) != n:
         raise ValueError("parts of different lengths")
     return entry
 
@@ -120,6 +128,51 @@ def load_tokenizer(meta: Mapping[str, Any], folder: Optional[Path] = None) -> tu
     if folder is None:
         return Tokenizer.from_gguf_metadata(meta), "built, not cached"
     key = vocab_key(meta)
+    return _cached(folder, key) or _build(meta, folder, key)
+
+
+def load_tokenizer_of_file(path: str, folder: Optional[Path] = None) -> tuple[Tokenizer, str]:
+    """load_tokenizer of the GGUF at `path`, as a server's start needs it: a file seen before (same path, size,
+    mtime, inode, and the same deriving code) names its entry in a stamp, so its vocabulary (~260k strings) is
+    not read into Python, nor hashed; otherwise the metadata is read whole, and the stamp written."""
+    folder = folder if folder is not None else cache_dir()
+    if folder is None:
+        return load_tokenizer(_engine.read_gguf(path)[0], folder)
+    stamp = folder / "tokenizers" / "files" / (hashlib.sha256(os.path.realpath(path).encode()).hexdigest() + ".json")
+    seen = _stamp_key(stamp, path)
+    found = _cached(folder, seen) if seen else None
+    if found:
+        return found
+    meta = _engine.read_gguf(path)[0]
+    key = vocab_key(meta)
+    tok, how = _cached(folder, key) or _build(meta, folder, key)
+    if how != "built, not cached":
+        _write_stamp(stamp, path, key)
+    return tok, how
+
+
+def _file_identity(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, _code().hex()]
+
+
+def _stamp_key(stamp: Path, path: str) -> Optional[str]:
+    """The vocabulary key the stamp names, if it is of this file as it is now (else None)."""
+    try:
+        data = json.loads(stamp.read_text())
+        return data["key"] if data["file"] == _file_identity(path) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_stamp(stamp: Path, path: str, key: str) -> None:
+    try:
+        write_atomic(stamp, json.dumps({"file": _file_identity(path), "key": key}).encode())
+    except OSError as e:
+        log.warning("tokenizer cache: cannot write %s (%s)", stamp, e)
+
+
+def _cached(folder: Path, key: str) -> Optional[tuple[Tokenizer, str]]:
     path = folder / "tokenizers" / f"{key}.bin"
     try:
         entry = _read(path, key)
@@ -127,8 +180,13 @@ def load_tokenizer(meta: Mapping[str, Any], folder: Optional[Path] = None) -> tu
             return Tokenizer.from_parts(entry), "cached"
     except (ValueError, EOFError, TypeError, KeyError, IndexError, OSError) as e:
         log.warning("tokenizer cache entry %s is unusable (%s): rebuilding it", path, e)
+    return None
+
+
+def _build(meta: Mapping[str, Any], folder: Path, key: str) -> tuple[Tokenizer, str]:
     parts = read_parts(meta)
     tok = Tokenizer.from_parts(parts)
+    path = folder / "tokenizers" / f"{key}.bin"
     try:
         _write(path, key, parts)
     except OSError as e:
