@@ -146,9 +146,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _load_early(args: argparse.Namespace, engine) -> None:
-    """One model and no catalog (the server then loads it at start): its load begins now, beside the server's
-    imports (model_load.py hands it over)."""
-    if args.models_dir or args.models_config or len(args.model or []) > 1:
+    """One model, no catalog and no memory budget (the server then loads it at start): its load begins now,
+    beside the server's imports (model_load.py hands it over; runner.py drops it if its load did not take it)."""
+    if args.models_dir or args.models_config or args.models_memory or len(args.model or []) > 1:
         return
     from .engine.model_load import start_early
     from .server.model_options import model_arg

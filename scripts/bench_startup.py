@@ -1,7 +1,8 @@
 """Start-up time: `pyserve serve` from spawn to its first /health 200, and where the load's time goes.
 
     PYTHONPATH=. python3 scripts/bench_startup.py [--runs 5] [--model PATH] [--threads 2] [--cold]
-                                                  [--profile] [-- extra serve args]
+                                                  [--profile] [--llama-server BIN [--llama-lib DIR]]
+                                                  [-- extra serve args]
 
 Each run spawns `python -m pyserve serve --host 127.0.0.1 --port P` (P a free loopback port), polls GET
 /health every 5 ms from the spawn on, and records: the first accepted connection (the process is up and
@@ -12,6 +13,9 @@ the wall times). Then it
 stops the server (SIGTERM). --cold gives every run an empty pyserve cache folder (PYSERVE_CACHE_DIR): the
 tokenizer is derived from the vocabulary and the default model's file hashed, as on a first start; without
 it the runs share one folder, filled by a first, unreported warm-up start. One table, medians and per run.
+
+--llama-server BIN (with --llama-lib DIR, its libraries): after each start, llama-server on the same file with
+the same threads, polled the same way (its /health is 503 while it loads); its own table.
 
 --profile: instead, the load's phases run one after another in this process under cProfile (a cold
 tokenizer build, a cached one, the engine with the serving options), each with its top functions.
@@ -65,18 +69,14 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-def one_start(args, cache: str, extra: list[str]) -> dict:
-    port = free_port()
-    cmd = [sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--threads", str(args.threads), *(["--model", args.model] if args.model else []), *extra]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYSERVE_CACHE_DIR=cache)
+def until_healthy(cmd: list[str], env: dict, port: int, timeout: float) -> tuple[dict, str]:
+    """Spawns `cmd`, polls its /health until 200, stops it (SIGTERM): ({listening, health 200, cpu}, its stderr)."""
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
         up = ok = None
         try:
-            while ok is None and time.perf_counter() - t0 < args.timeout:
+            while ok is None and time.perf_counter() - t0 < timeout:
                 code = health(port)
                 now = time.perf_counter() - t0
                 if code and up is None:
@@ -98,8 +98,17 @@ def one_start(args, cache: str, extra: list[str]) -> dict:
         err.seek(0)
         log = err.read()
     if ok is None:
-        raise RuntimeError(f"no /health 200 within {args.timeout:g} s (exit {proc.returncode}):\n{log[-3000:]}")
-    row = {"listening": up, "health 200": ok, "cpu": cpu}
+        raise RuntimeError(f"no /health 200 within {timeout:g} s (exit {proc.returncode}):\n{log[-3000:]}")
+    return {"listening": up, "health 200": ok, "cpu": cpu}, log
+
+
+def one_start(args, cache: str, extra: list[str]) -> dict:
+    port = free_port()
+    cmd = [sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--threads", str(args.threads), *(["--model", args.model] if args.model else []), *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYSERVE_CACHE_DIR=cache)
+    row, log = until_healthy(cmd, env, port, args.timeout)
     m = LOADED.search(log)
     if m:
         row["load"] = float(m.group(2))
@@ -107,6 +116,16 @@ def one_start(args, cache: str, extra: list[str]) -> dict:
         row.update({name.strip(): float(v) for name, v in PHASE.findall(detail) if name.strip() != "resolve"})
         row["tokenizer from"] = "cache" if "(cached)" in detail else "built"
     return row
+
+
+def peer_start(args, model: str) -> dict:
+    """llama-server on the same file and threads (its /health is 503 while it loads, 200 once ready)."""
+    port = free_port()
+    cmd = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads)]
+    env = dict(os.environ)
+    if args.llama_lib:
+        env["LD_LIBRARY_PATH"] = args.llama_lib + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    return until_healthy(cmd, env, port, args.timeout)[0]
 
 
 def table(rows: list[dict]) -> str:
@@ -153,22 +172,35 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="an empty pyserve cache folder for every start")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a start may take")
     ap.add_argument("--profile", action="store_true", help="cProfile the load's phases in this process")
+    ap.add_argument("--llama-server", help="also start this llama-server binary on the same file, alternating")
+    ap.add_argument("--llama-lib", help="LD_LIBRARY_PATH for it (a build's bin folder)")
     args, extra = ap.parse_known_args()
     extra = [a for a in extra if a != "--"]
     if args.profile:
         profile(args)
         return 0
     runs = max(1, min(args.runs, MAX_RUNS))
-    rows = []
+    rows, peer = [], []
+    model = args.model
+    if args.llama_server and not model:
+        sys.path.insert(0, str(ROOT))
+        from pyserve.engine.model_source import resolve_model
+
+        model = resolve_model(None)
     with tempfile.TemporaryDirectory(prefix="pyserve-cache-") as shared:
         if not args.cold:
             one_start(args, shared, extra)  # fills the cache; not reported
         for _ in range(runs):
             with tempfile.TemporaryDirectory(prefix="pyserve-cache-") as fresh:
                 rows.append(one_start(args, fresh if args.cold else shared, extra))
+            if args.llama_server:
+                peer.append(peer_start(args, model))
     print(f"`pyserve serve` to /health 200, {'cold' if args.cold else 'warm'} cache, "
           f"{args.model or 'the default model'}, --threads {args.threads}, {runs} runs")
     print(table(rows))
+    if peer:
+        print(f"\n`{args.llama_server}` on the same file, -t {args.threads}, alternating with the runs above")
+        print(table(peer))
     return 0
 
 

@@ -221,6 +221,11 @@ def test_errors(server, client):
     err("/v1/completions", b"{not json", 400)
     err("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, code="model_not_found")
     err("/v1/completions", {"prompt": "x", "max_tokens": 9000}, 400, code="context_length_exceeded")
+    huge = 43746783618  # past an int32: refused like any bound past the context, not a 500
+    for path, body in [("/v1/completions", {"prompt": "x", "max_tokens": huge}),
+                       ("/v1/chat/completions", {"messages": CHAT, "max_tokens": huge}),
+                       ("/v1/responses", {"input": "x", "max_output_tokens": huge})]:
+        err(path, body, 400, code="context_length_exceeded")
     err("/v1/completions", {"prompt": [5, 999999999]}, 400, param="prompt")
     err("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, 400, param="tool_choice")
     err("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_xml"}}, 400,

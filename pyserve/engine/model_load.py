@@ -32,7 +32,7 @@ from .calibration_cache import calibrate
 from .tokenizer import Tokenizer
 from .tokenizer_cache import load_tokenizer_of_file
 
-__all__ = ["LoadedModel", "load_model", "start_early"]
+__all__ = ["LoadedModel", "load_model", "start_early", "discard_early"]
 
 # The header a model keeps leaves out arrays longer than this: the vocabulary's (tokens, scores, types, merges),
 # which only the tokenizer reads, and it reads them itself (tokenizer_cache.load_tokenizer_of_file) or not at all.
@@ -126,6 +126,16 @@ def start_early(model: Optional[str], options: dict) -> None:
     with _early_lock:
         _early = _EarlyLoad(model, options)
         _early.start()
+
+
+def discard_early() -> None:
+    """Drops an early load nobody took (the server's start-up loads are done), once it has ended: its engine's
+    memory goes back. Blocks while it runs."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is not None:
+        early.join()
 
 
 def _claim_early(path: str, options: dict) -> Optional[LoadedModel]:

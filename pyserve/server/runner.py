@@ -23,6 +23,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from ..engine.model_load import discard_early
 from ..engine.options import EngineOptions
 from . import connection
 from .app import create_app
@@ -161,6 +162,7 @@ async def _run_models(opts: ServeOptions, state, signals: _Signals, url: str, ta
     state.serve_models(catalog, preload)
     async with state.models.running():  # on its way out every engine is closed, every abort applied
         await state.models.preload(preload)
+        await trio.to_thread.run_sync(discard_early)  # cli.py's early load, if no load took it (a budget refused it)
         state.ready = True
         if not signals.stop.is_set():
             print(f"pyserve: serving {state.models.default or ','.join(names) or '-'} on {url}", flush=True)
