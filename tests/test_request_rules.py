@@ -8,6 +8,7 @@ import pytest
 
 from pyserve import SamplingParams
 from pyserve import _engine
+from pyserve.engine.engine_request import EngineRequest
 
 N_CTX, BLOCKS, BLOCK, MAX_SEQS = 64, 10, 4, 8
 
@@ -224,6 +225,8 @@ def test_a_request_past_the_models_length_carries_its_numbers(tiny):
     assert str(e.value) == "prompt (30 tokens) + max_tokens (20) exceeds the KV cache (40 tokens)"
     with pytest.raises(_engine.ContextLengthError, match="exceeds the context length 64$"):
         tiny.check_request("r", [2] * 65, {}, 0, prompt_logprobs=0)
+    with pytest.raises(_engine.ContextLengthError):  # past an int32 (a TypeError at the binding before)
+        EngineRequest(None, [2] * 3, SamplingParams(max_tokens=43746783618)).check(tiny)
     with pytest.raises(ValueError) as n_copies:  # n copies that do not fit: the pool, not one sequence's length
         tiny.check_request("r", [2] * 6, {}, 4, n=5)
     assert not isinstance(n_copies.value, _engine.ContextLengthError)

@@ -16,6 +16,8 @@ from .output_processor import RequestState
 from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
 
+_INT32_MAX = 2**31 - 1  # the engine's token counts
+
 # a text, token ids, or vLLM's {"prompt_token_ids": [...]} (with an optional "prompt" text it stands for)
 PromptType = Union[str, list, dict]
 
@@ -58,7 +60,8 @@ class EngineRequest:
     def _args(self) -> tuple[tuple, dict]:
         """Engine.add's arguments after the id, the grammar aside (check_request takes the same)."""
         p = self.params
-        return ((self.prompt_token_ids, p.engine_config(), p.max_tokens, p.ignore_eos, list(p.stop_token_ids)),
+        max_tokens = min(p.max_tokens, _INT32_MAX)  # more is refused as too long all the same, not a TypeError
+        return ((self.prompt_token_ids, p.engine_config(), max_tokens, p.ignore_eos, list(p.stop_token_ids)),
                 {"n": p.n, "prompt_logprobs": p.prompt_logprobs})
 
     def sample_states(self, tokenizer: Tokenizer) -> list[RequestState]:

@@ -29,13 +29,10 @@ _engine_ids = itertools.count()
 
 # ---- prompts to engine requests ----
 
-_INT32_MAX = 2**31 - 1  # the engine's token counts
-
 def max_tokens_for(model: ServedModel, asked: Optional[int], n_prompt: int) -> int:
     """The completion bound the request `asked` for this prompt; the rest of the model's length when it sent
-    none (at least 1: the engine then refuses a prompt that leaves no room, context_length_exceeded). An ask
-    past what an int32 holds is cut to that: the engine refuses it as too long for the context all the same."""
-    return min(asked, _INT32_MAX) if asked is not None else max(model.max_model_len - n_prompt, 1)
+    none (at least 1: the engine then refuses a prompt that leaves no room, context_length_exceeded)."""
+    return asked if asked is not None else max(model.max_model_len - n_prompt, 1)
 
 
 async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req: _Sampling,
