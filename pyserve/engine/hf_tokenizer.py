@@ -23,7 +23,6 @@ TT_NORMAL = 1  # GGUF token type of normal text
 # pre-tokenizer regexes for byte-level BPE (from llama.cpp's llm_tokenizer_bpe)
 # ---------------------------------------------------------------------------------------------
 
-
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _RE_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -98,7 +97,6 @@ _PRE_REGEXES: dict[str, list[str]] = {
     "seed-coder": [_RE_SEED_CODER],
     "bailingmoe": [_RE_BAILING],
 }
-
 
 
 class Recipe(NamedTuple):

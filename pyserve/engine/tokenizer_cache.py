@@ -36,7 +36,7 @@ import tokenizers
 
 from .. import _engine
 from .tokenizer import Tokenizer, read_parts
-from .user_cache import cache_dir, write_atomic
+from .user_cache import cache_dir, file_identity, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -145,29 +145,32 @@ def load_tokenizer_of_file(path: str, folder: Optional[Path] = None) -> tuple[To
         return found
     meta = _engine.read_gguf(path)[0]
     key = vocab_key(meta)
-    tok, how = _cached(folder, key) or _build(meta, folder, key)
+    tok, how = (_cached(folder, key) if key != seen else None) or _build(meta, folder, key)
     if how != "built, not cached":
         _write_stamp(stamp, path, key)
     return tok, how
 
 
-def _file_identity(path: str) -> list:
-    st = os.stat(path)
-    return [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, _code().hex()]
+def _identity(path: str) -> Optional[dict]:
+    return file_identity(os.path.realpath(path), code=_code().hex())
 
 
 def _stamp_key(stamp: Path, path: str) -> Optional[str]:
     """The vocabulary key the stamp names, if it is of this file as it is now (else None)."""
+    ident = _identity(path)
     try:
         data = json.loads(stamp.read_text())
-        return data["key"] if data["file"] == _file_identity(path) else None
+        return data["key"] if ident is not None and data["file"] == ident else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _write_stamp(stamp: Path, path: str, key: str) -> None:
+    ident = _identity(path)
+    if ident is None:
+        return
     try:
-        write_atomic(stamp, json.dumps({"file": _file_identity(path), "key": key}).encode())
+        write_atomic(stamp, json.dumps({"file": ident, "key": key}).encode())
     except OSError as e:
         log.warning("tokenizer cache: cannot write %s (%s)", stamp, e)
 

@@ -1,4 +1,5 @@
-"""pyserve's folder in the user's cache, and atomic writes into it (tokenizer_cache.py, model_source.py).
+"""pyserve's folder in the user's cache, atomic writes into it, and the identity a stamp keeps of a file
+(tokenizer_cache.py, model_source.py).
 
 ``$PYSERVE_CACHE_DIR`` if set ("off": no cache at all), else ``$XDG_CACHE_HOME/pyserve``, else
 ``~/.cache/pyserve``. Everything in it can be deleted at any time: it is rebuilt on the next load.
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["ENV", "cache_dir", "write_atomic"]
+__all__ = ["ENV", "cache_dir", "write_atomic", "file_identity"]
 
 ENV = "PYSERVE_CACHE_DIR"
 
@@ -22,6 +23,16 @@ def cache_dir() -> Optional[Path]:
         return None if v.lower() == "off" else Path(v).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "pyserve"
+
+
+def file_identity(path: str, **extra) -> Optional[dict]:
+    """What a stamp keeps of the file at `path` to know it again: path, size, mtime, inode, and `extra` (what
+    it was checked against); None when it cannot be read. Any change to the file changes one of them."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, **extra}
 
 
 def write_atomic(path: Path, data: bytes) -> None:
