@@ -28,7 +28,8 @@ def read_bandwidth(threads: int, mib: int, rounds: int) -> float:
 
         def read(part: np.ndarray) -> None:
             start.wait()
-            part.sum()  # float32 pairwise: SIMD, so the read, not the adds, bounds it
+            np.bitwise_or.reduce(part.view(np.uint64))  # SIMD integer OR: the read bounds it (float32's
+            # pairwise sum read 10-15 % slower, below what the engine's prefetching kernels reach)
 
         team = [threading.Thread(target=read, args=(p,)) for p in parts]
         for t in team:

@@ -1,6 +1,7 @@
 """The model families at the shapes users run, pyserve beside llama.cpp on the same files, in one run.
 
     python3 scripts/bench_families.py --llama-bench BIN/llama-bench [--llama-lib DIR] [--families ...] [--rounds 2]
+        [--folder DIR]
 
 Each family's file is written by tests/model_factory.py with random weights (they run at the speed of real
 ones) at the real model's widths, the real vocabulary size (Qwen's 151,936 tokens: tests/data/vocab's qwen2
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gguf_vocab  # noqa: E402
 import model_factory as tm  # noqa: E402
+from bench_bandwidth import read_bandwidth  # noqa: E402
 from bench_engine import best_of  # noqa: E402
 from bench_moe import bench  # noqa: E402
 
@@ -48,8 +50,11 @@ FAMILIES = {
 
 
 def write(folder: str, name: str) -> str:
+    """The family's file in `folder`, written unless a previous run left it there."""
     arch, qtype, dims, moe = FAMILIES[name]
     path = os.path.join(folder, name.split(" ")[0] + ".gguf")
+    if os.path.exists(path):
+        return path
     tm.write_test_model(path, arch, qtype=qtype, moe=moe, tied=False, vocab=gguf_vocab.vocab_meta("qwen2"),
                         n_ctx=4096, **dims)
     return path
@@ -101,13 +106,18 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated names of FAMILIES")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--bandwidth", type=float, default=29.9, help="GB/s read with --threads (bench_bandwidth.py)")
+    ap.add_argument("--bandwidth", type=float, default=None,
+                    help="GB/s read with --threads (default: bench_bandwidth.py's, measured at the start)")
+    ap.add_argument("--folder", default=None, help="write the files here and reuse them (default: a temporary one)")
     args = ap.parse_args()
+    if args.bandwidth is None:
+        args.bandwidth = read_bandwidth(args.threads, 2048, 5) / 1e9
+        print(f"read bandwidth, {args.threads} threads: {args.bandwidth:.1f} GB/s (bench_bandwidth.py)")
     print("| family | file | read per token | decode tok/s pyserve / llama.cpp | pyserve read | "
           "512-token prefill tok/s pyserve / llama.cpp | pyserve 8 streams tok/s |\n|---|---|---|---|---|---|---|")
     for name in args.families.split(","):
-        with tempfile.TemporaryDirectory() as d:
-            path = write(d, name)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(args.folder or tmp, name)
             ours: dict = {}
             theirs: dict = {}
             for _ in range(args.rounds):  # alternate, keep each one's best: load from elsewhere hits both
