@@ -20,6 +20,7 @@
 #include "kv_rows.h"
 #include "ops.h"
 #include "packed.h"
+#include "packed_amx.h"
 #include "quant.h"
 #include "sampler.h"
 #include "scheduler.h"
@@ -175,9 +176,9 @@ void bind_quant(py::module_& m) {
   m.def("matmul", &py_matmul, py::arg("type"), py::arg("w_rows"), py::arg("x"), py::arg("threads") = 1,
         py::arg("pack") = true);
   m.def("packable", [](uint32_t type) { return packable((GGMLType)type); });
-  m.def("simd", [] {  // the x86 paths this build compiled in (simd.h)
+  m.def("simd", [] {  // the x86 paths this build compiled in (simd.h); amx: the AMX kernels run here
     return py::dict(py::arg("avx2") = (bool)PS_AVX2, py::arg("avx512bw") = (bool)PS_AVX512BW,
-                    py::arg("vnni") = (int)PS_VNNI);
+                    py::arg("vnni") = (int)PS_VNNI, py::arg("amx") = amx_usable());
   });
   m.def("act_roundtrip", &py_act_roundtrip, py::arg("type"), py::arg("x"));
   m.def("type_info", [](uint32_t type) {

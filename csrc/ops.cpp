@@ -240,11 +240,15 @@ void matmul_jobs(ThreadPool& pool, const std::vector<MatmulJob>& jobs) {
   if (first_tile.back() == 0) return;
   pool.run_split(first_tile.back(), [&](int64_t g0, int64_t g1) {
     size_t i = 0;
-    for (int64_t g = g0; g < g1; g++) {
+    for (int64_t g = g0; g < g1;) {
       while (g >= first_tile[i + 1]) i++;
       const MatmulJob& j = jobs[i];
+      // A packed matrix's tiles of this share in one call: its kernels keep a panel of rows' decoded
+      // codes hot across the columns (packed_amx.h); the per-row kernels take ROW_TILE rows at a time.
+      const int64_t g_end = j.w->packed ? std::min(g1, first_tile[i + 1]) : g + 1;
       const int64_t r0 = (g - first_tile[i]) * ROW_TILE;
-      tile_product(*j.w, r0, std::min(j.w->n_out - r0, ROW_TILE), j.act, j.stride, j.T, j.y);
+      tile_product(*j.w, r0, std::min(j.w->n_out, (g_end - first_tile[i]) * ROW_TILE) - r0, j.act, j.stride, j.T, j.y);
+      g = g_end;
     }
   });
 }

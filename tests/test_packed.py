@@ -95,3 +95,31 @@ def test_matmul_rejects_a_wrong_row_size():
     rows = np.stack([rand_row(Q.Q8_0, 256, rng) for _ in range(8)])
     with pytest.raises(ValueError, match="row size"):
         _engine.testing.matmul(int(Q.Q8_0), rows, rand_act(288, rng, 2))
+
+
+@pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
+def test_prefill_sized_products_equal_the_reference_bit_for_bit(t):
+    """16 columns and more: on a CPU with AMX (simd()["amx"]) whole 16 × 16 tiles go through
+    csrc/packed_amx.cpp, the columns past them and an odd last group through the AVX kernels. Rows of
+    1,536 elements (48 legacy blocks, 6 super-blocks: batches of 4 with a remainder for Q5_0's 48), 5 groups
+    (the fifth alone) plus 3 rows past them; 16, 33 and 50 columns on 1 and 2 threads."""
+    rng = np.random.default_rng(4242 + int(t))
+    n, n_rows = 1536, 43
+    rows = np.stack([rand_row(t, n, rng) for _ in range(n_rows)])
+    x = rand_act(n, rng, 50)
+    want = reference(t, rows, x)
+    for T in (16, 33, 50):
+        for threads in (1, 2):
+            assert_same_bits(_engine.testing.matmul(int(t), rows, x[:T], threads=threads), want[:T])
+
+
+def test_amx_runs_where_the_cpu_and_the_os_have_it():
+    """The AMX kernels are not left out silently on a machine that has AMX-INT8 (Linux grants the tile
+    state to any process that asks)."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    simd = _engine.testing.simd()
+    if {"amx_tile", "amx_int8", "avx512bw", "avx512vl"} <= flags and simd["avx512bw"]:
+        assert simd["amx"]
+    if "amx_int8" not in flags:
+        assert not simd["amx"]
