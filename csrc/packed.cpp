@@ -22,7 +22,6 @@ namespace pyserve {
 namespace {
 using namespace packed_detail;
 
-
 // ---- packing (scalar, once at load). c: codes of row r at c + r · cs.
 
 void interleave_bytes(const uint8_t* c, size_t cs, uint8_t* out) {  // 32 codes per row
@@ -30,8 +29,8 @@ void interleave_bytes(const uint8_t* c, size_t cs, uint8_t* out) {  // 32 codes 
     for (int r = 0; r < 8; r++) std::memcpy(out + 32 * k + 4 * r, c + r * cs + 4 * k, 4);
 }
 
-// qh4 / qh5 (zeroed by the caller, or null): bits 4 / 5 of the codes.
-void interleave_nibbles(const uint8_t* c, size_t cs, uint8_t* q, uint32_t* qh4, uint32_t* qh5 = nullptr) {
+// qh4 (zeroed by the caller, or null): bit 4 of the codes.
+void interleave_nibbles(const uint8_t* c, size_t cs, uint8_t* q, uint32_t* qh4) {
   for (int k = 0; k < 4; k++)
     for (int r = 0; r < 8; r++)
       for (int j = 0; j < 4; j++) {
@@ -41,10 +40,6 @@ void interleave_nibbles(const uint8_t* c, size_t cs, uint8_t* q, uint32_t* qh4, 
         if (qh4) {
           qh4[k] |= (uint32_t)(lo >> 4 & 1) << bit;
           qh4[k + 4] |= (uint32_t)(hi >> 4 & 1) << bit;
-        }
-        if (qh5) {
-          qh5[k] |= (uint32_t)(lo >> 5 & 1) << bit;
-          qh5[k + 4] |= (uint32_t)(hi >> 5 & 1) << bit;
         }
       }
 }
@@ -167,9 +162,6 @@ inline __m256i dot32(const __m256i* w, const int8_t* x, __m256i s0) {
   return _mm256_add_epi32(s0, s1);
 }
 
-
-
-
 // Software prefetch of the weight stream. Few columns (decode): PREFETCH_AHEAD bytes ahead, each line
 // of a block once: the hardware prefetcher alone leaves a one-column product at 15-20 GB/s from DRAM with
 // 2 threads; 1.3-1.8 KB ahead gives 25-27 (Q4_K and Q6_K, scripts/bench_quant.py's stream figures), and
@@ -221,8 +213,6 @@ void group_legacy(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t 
 }
 
 // ---- Q4_K / Q5_K: per super-block fma(d·d_a, Σ_j sc_j·Σ q·a, acc) then fma(−dmin·d_a, Σ_j m_j·Σa_j, acc)
-
-
 
 template <class PB, int NC>
 void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {

@@ -200,8 +200,7 @@ inline __m512i offsets16(const __m512i* scp, const block_q8_K& a) {
   return _mm512_slli_epi32(r, 5);
 }
 
-// The 16 rows' int16 pairs of a super-block's per-row pairs: src0[2p] / src0[2p+1] (8 rows each, group 0),
-// src1 likewise (group 1); SIGNED sign-extends the bytes. For Q6_K's scales.
+// Q6_K's signed scales as the 16 rows' int16 pairs (sc_2p, sc_2p+1): sc0 group 0's 8 rows, sc1 group 1's.
 inline void scale_pairs(const int8_t (*sc0)[8], const int8_t (*sc1)[8], __m512i* out) {
   for (int p = 0; p < 8; p++) {
     const __m128i lo = bytes16(sc0[2 * p], sc1[2 * p]), hi = bytes16(sc0[2 * p + 1], sc1[2 * p + 1]);

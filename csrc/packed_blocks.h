@@ -37,7 +37,7 @@ struct pblock_q6_K {
   uint8_t pad[16];        // 32-byte alignment of the vectors (a load split over two cache lines costs twice)
   // Groups 2p, 2p + 1: nibbles, and bits 4-5 of the codes as 2-bit fields (hi[32 (k / 4) + b] bits
   // 2 (k % 4) + 0..1 belong to byte b of vector k), codes 0..63. Two shifts and masks restore four vectors:
-  // a third of the work of one mask per bit (measured 26 → 40 GB/s at one column, in cache).
+  // a third of the work of one mask per bit (measured 26 → 31 GB/s at one column, in cache).
   struct { uint8_t q[128]; uint8_t hi[64]; } pair[8];
 };
 static_assert(sizeof(kmin_head) == 224 && sizeof(pblock_q5_K) == 8 * 176 + 96 && sizeof(pblock_q6_K) == 8 * 210 + 16,
