@@ -4,10 +4,11 @@
         [--folder DIR]
 
 Each family's file is written by tests/model_factory.py with random weights (they run at the speed of real
-ones) at the real model's widths, the real vocabulary size (Qwen's 151,936 tokens: tests/data/vocab's qwen2
-vocabulary) and, for the mixtures of experts, their real expert counts and sizes but fewer layers, quantized
-as Q4_K_M files are (Q4_K; Q6_K for attn_v, ffn_down and the output head) or, for gpt-oss, with MXFP4
-experts beside Q8_0. pyserve's offline engine (scripts/bench_moe.py's bench: 512-token prefill, one decoded
+ones) at the real model's widths, the real vocabulary (tests/data/vocab's: Qwen's 151,936 tokens, Llama 3's
+128,256), the real tied or separate head and, for the mixtures of experts, their real expert counts and sizes
+but fewer layers, quantized as Q4_K_M files are (Q4_K; Q6_K for attn_v, ffn_down and the output head, which
+a tied embedding is), as Q8_0 files are (names ending in q8_0) or, for gpt-oss, with MXFP4 experts beside
+Q8_0. pyserve's offline engine (scripts/bench_moe.py's bench: 512-token prefill, one decoded
 stream, 8 streams) and `llama-bench -t N -p 512 -n 64` alternate `--rounds` times; each keeps its best.
 Decode is reported as the weight bytes a token reads (everything but the embedding table, the chosen
 experts' share of the expert tensors) × tokens/s, against --bandwidth (scripts/bench_bandwidth.py).
@@ -19,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,36 +36,55 @@ from bench_engine import best_of  # noqa: E402
 from bench_moe import bench  # noqa: E402
 
 Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_down_exps": "Q6_K", "output": "Q6_K"}
+Q4_K_M_TIED = {**Q4_K_M, "token_embd": "Q6_K"}  # a tied head is quantized as the output (llama-quant.cpp)
 MXFP4 = {"default": "Q8_0", "ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"}
-# name: (arch, qtype, dims, moe); widths from each model's config.json, layers fewer where noted
+Q8_0 = {"default": "Q8_0"}
+
+
+class Family(NamedTuple):
+    arch: str
+    qtype: dict
+    dims: dict            # widths from each model's config.json, layers fewer where the name says so
+    moe: dict | None = None
+    vocab: str = "qwen2"  # tests/data/vocab's: its size sets the embedding's and the head's rows
+    tied: bool = False    # the head is the embedding table (Llama-3.2-1B and Qwen3-4B are)
+
+
+LLAMA_1B = dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192)
+QWEN3_1_7B = dict(n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_ff=6144)
+QWEN3_4B = dict(n_embd=2560, n_layer=36, n_head=32, n_head_kv=8, head_dim=128, n_ff=9728)
 FAMILIES = {
-    "qwen3-1.7b": ("qwen3", Q4_K_M, dict(n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128,
-                                          n_ff=6144), None),
-    "qwen3-30b-a3b (2 of 48 layers)": ("qwen3moe", Q4_K_M, dict(n_embd=2048, n_layer=2, n_head=32, n_head_kv=4,
-                                                                  head_dim=128, n_ff=6144),
-                                        {"n_expert": 128, "n_used": 8, "n_ff": 768}),
-    "gpt-oss-20b (2 of 24 layers)": ("gpt-oss", MXFP4, dict(n_embd=2880, n_layer=2, n_head=64, n_head_kv=8,
-                                                            head_dim=64, n_ff=2880, sliding_window=128),
-                                     {"n_expert": 32, "n_used": 4, "n_ff": 2880}),
-    "qwen3.5-2b-like": ("qwen35", Q4_K_M, dict(n_embd=2048, n_layer=24, n_head=8, n_head_kv=2, head_dim=256,
-                                                n_ff=6144, ssm_state=128, ssm_groups=16, ssm_v_heads=16), None),
+    "qwen3-1.7b": Family("qwen3", Q4_K_M, QWEN3_1_7B),
+    "qwen3-30b-a3b (2 of 48 layers)": Family("qwen3moe", Q4_K_M, dict(n_embd=2048, n_layer=2, n_head=32,
+                                                                        n_head_kv=4, head_dim=128, n_ff=6144),
+                                              {"n_expert": 128, "n_used": 8, "n_ff": 768}),
+    "gpt-oss-20b (2 of 24 layers)": Family("gpt-oss", MXFP4, dict(n_embd=2880, n_layer=2, n_head=64, n_head_kv=8,
+                                                                  head_dim=64, n_ff=2880, sliding_window=128),
+                                           {"n_expert": 32, "n_used": 4, "n_ff": 2880}),
+    "qwen3.5-2b-like": Family("qwen35", Q4_K_M, dict(n_embd=2048, n_layer=24, n_head=8, n_head_kv=2, head_dim=256,
+                                                      n_ff=6144, ssm_state=128, ssm_groups=16, ssm_v_heads=16)),
+    "llama-3.2-1b": Family("llama", Q4_K_M_TIED, LLAMA_1B, vocab="llama-bpe", tied=True),
+    "qwen3-4b": Family("qwen3", Q4_K_M_TIED, QWEN3_4B, tied=True),
+    "llama-3.2-1b q8_0": Family("llama", Q8_0, LLAMA_1B, vocab="llama-bpe", tied=True),
+    "qwen3-1.7b q8_0": Family("qwen3", Q8_0, QWEN3_1_7B),
+    "qwen3-4b q8_0": Family("qwen3", Q8_0, QWEN3_4B, tied=True),
 }
 
 
 def write(folder: str, name: str) -> str:
     """The family's file in `folder`, written unless a previous run left it there."""
-    arch, qtype, dims, moe = FAMILIES[name]
-    path = os.path.join(folder, name.split(" ")[0] + ".gguf")
+    f = FAMILIES[name]
+    path = os.path.join(folder, re.sub(r"[^\w.-]+", "_", name.split(" (")[0]) + ".gguf")
     if os.path.exists(path):
         return path
-    tm.write_test_model(path, arch, qtype=qtype, moe=moe, tied=False, vocab=gguf_vocab.vocab_meta("qwen2"),
-                        n_ctx=4096, **dims)
+    tm.write_test_model(path, f.arch, qtype=f.qtype, moe=f.moe, tied=f.tied, vocab=gguf_vocab.vocab_meta(f.vocab),
+                        n_ctx=4096, **f.dims)
     return path
 
 
 def active_bytes(path: str) -> float:
-    """Weight bytes one decoded token reads: all tensors but the embedding table; of the experts' tensors
-    the n_used / n_expert share."""
+    """Weight bytes one decoded token reads: all tensors but the embedding table (unless it is the head too);
+    of the experts' tensors the n_used / n_expert share."""
     from gguf import GGUFReader
 
     r = GGUFReader(path)
@@ -70,9 +92,10 @@ def active_bytes(path: str) -> float:
     used = r.fields.get(f"{arch}.expert_used_count")
     count = r.fields.get(f"{arch}.expert_count")
     share = float(used.parts[-1][0]) / float(count.parts[-1][0]) if used and count else 1.0
+    tied = not any(t.name == "output.weight" for t in r.tensors)
     total = 0.0
     for t in r.tensors:
-        if t.name != "token_embd.weight":
+        if t.name != "token_embd.weight" or tied:
             total += t.n_bytes * (share if "_exps" in t.name else 1.0)
     return total
 
