@@ -10,8 +10,8 @@ but fewer layers, quantized as Q4_K_M files are (Q4_K; Q6_K for attn_v, ffn_down
 a tied embedding is), as Q8_0 files are (names ending in q8_0) or, for gpt-oss, with MXFP4 experts beside
 Q8_0. pyserve's offline engine (scripts/bench_moe.py's bench: 512-token prefill, one decoded
 stream, 8 streams) and `llama-bench -t N -p 512 -n 64` alternate `--rounds` times; each keeps its best.
-Decode is reported as the weight bytes a token reads (everything but the embedding table, the chosen
-experts' share of the expert tensors) × tokens/s, against --bandwidth (scripts/bench_bandwidth.py).
+Decode is reported as the weight bytes a token reads (everything but the embedding table unless it is the
+head too, the chosen experts' share of the expert tensors) × tokens/s, against --bandwidth (scripts/bench_bandwidth.py).
 --llama-lib puts a folder first on llama-bench's library path: on a CPU with AMX, a libggml-cpu.so built
 without it (ggml's AMX matmul crashes on these files there; docs/BENCHMARKS.md says how it was built).
 """
