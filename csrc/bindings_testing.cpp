@@ -17,6 +17,7 @@
 #include "block_manager.h"
 #include "grammar.h"
 #include "attention.h"
+#include "delta_rule.h"
 #include "kv_rows.h"
 #include "ops.h"
 #include "packed.h"
@@ -270,7 +271,38 @@ py::array_t<float> py_attend(const std::string& dtype, f32array q, u8array k, u8
   return out;
 }
 
+// One value head's gated delta rule over n tokens: q, k [n, head_k], v [n, head_v], decay, beta [n], M the
+// state (head_k·head_v floats, delta_rule.h's panels) -> (o [n, head_v], M after, M after each token of snap_at).
+py::tuple py_delta_rule(f32array q, f32array k, f32array v, f32array decay, f32array beta, f32array M, float scale,
+                        const std::vector<int64_t>& snap_at, const std::string& impl) {
+  const int64_t n = q.ndim() == 2 ? q.shape(0) : -1, Sk = n >= 0 ? q.shape(1) : 0, Sv = v.ndim() == 2 ? v.shape(1) : 0;
+  if (n < 1 || Sk < 1 || Sv < 1 || k.ndim() != 2 || k.shape(0) != n || k.shape(1) != Sk || v.shape(0) != n ||
+      decay.size() != n || beta.size() != n || M.size() != Sk * Sv)
+    throw std::invalid_argument("q, k [n, head_k], v [n, head_v], decay and beta [n], M [head_k * head_v]; n >= 1");
+  std::vector<float> x((size_t)(n * (2 * Sk + Sv)));  // each token's q, k then v, as the engine's qkv rows
+  for (int64_t t = 0; t < n; t++) {
+    std::memcpy(&x[t * (2 * Sk + Sv)], q.data() + t * Sk, Sk * sizeof(float));
+    std::memcpy(&x[t * (2 * Sk + Sv) + Sk], k.data() + t * Sk, Sk * sizeof(float));
+    std::memcpy(&x[t * (2 * Sk + Sv) + 2 * Sk], v.data() + t * Sv, Sv * sizeof(float));
+  }
+  py::array_t<float> o({(py::ssize_t)n, (py::ssize_t)Sv}), m_out((py::ssize_t)(Sk * Sv));
+  py::array_t<float> snaps({(py::ssize_t)snap_at.size(), (py::ssize_t)(Sk * Sv)});
+  std::vector<float*> snap((size_t)n, nullptr);
+  for (size_t s = 0; s < snap_at.size(); s++) {
+    if (snap_at[s] < 0 || snap_at[s] >= n) throw std::invalid_argument("snap_at: token indices in [0, n)");
+    snap[(size_t)snap_at[s]] = snaps.mutable_data() + s * Sk * Sv;
+  }
+  std::memcpy(m_out.mutable_data(), M.data(), (size_t)(Sk * Sv) * sizeof(float));
+  const DeltaRuleRun run{x.data(), x.data() + Sk, x.data() + 2 * Sk, 2 * Sk + Sv, decay.data(), beta.data(), 1,
+                         o.mutable_data(), Sv, snap.data()};
+  if (impl != "simd" && impl != "ref") throw std::invalid_argument("impl must be 'simd' or 'ref'");
+  (impl == "simd" ? delta_rule : delta_rule_reference)(run, n, (int)Sk, (int)Sv, scale, m_out.mutable_data());
+  return py::make_tuple(o, m_out, snaps);
+}
+
 void bind_kv_rows(py::module_& m) {
+  m.def("delta_rule", &py_delta_rule, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"),
+        py::arg("M"), py::arg("scale") = 1.f, py::arg("snap_at") = std::vector<int64_t>{}, py::arg("impl") = "simd");
   m.def("attend", &py_attend, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale") = 1.f,
         py::arg("softcap") = 0.f, py::arg("sinks") = std::vector<float>{}, py::arg("lead") = 16, py::arg("tile") = 128,
         py::arg("impl") = "online");

@@ -1,7 +1,8 @@
 #include "delta_net.h"
 
 #include <cmath>
-#include <cstring>
+
+#include "delta_rule.h"
 
 namespace pyserve {
 
@@ -41,10 +42,10 @@ void DeltaNet::forward(ThreadPool& pool, const DeltaNetParams& p, const DeltaNet
   recur(pool, p, states, rl, slots.snapshots);
   gated_norm(pool, p, w, eps, T);
   act_invalidate(act);
-  matmul(pool, w.out, o_.data(), T, out, act);
+  matmul(pool, w.out, z_.data(), T, out, act);
 }
 
-// Per token: q and k L2-normed per head, beta = sigmoid, g = softplus(alpha + dt) · a.
+// Per token: q and k L2-normed per head, beta = sigmoid, decay = exp(g), g = softplus(alpha + dt) · a.
 void DeltaNet::prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T) {
   const int64_t C = p.conv_dim();
   pool.parallel_for(T, [&](int64_t t) {
@@ -54,50 +55,43 @@ void DeltaNet::prepare(ThreadPool& pool, const DeltaNetParams& p, const DeltaNet
       float& b = beta_[t * p.n_v_heads + hv];
       float& g = g_[t * p.n_v_heads + hv];
       b = sigmoid(b);
-      g = softplus(g + w.dt[hv]) * w.a[hv];
+      g = std::exp(softplus(g + w.dt[hv]) * w.a[hv]);  // the decay exp(g) the recurrence multiplies by
     }
   }, INLINE_ROWS);
 }
 
-// The delta rule, token by token, per (run, value head); each row j of M: decay, correct, read out. The
-// head's M after token t is copied into token t's snapshot slot, if any.
+// The delta rule over each (run, value head): delta_rule's kernel, the head's M after a token copied into
+// that token's snapshot slot where it has one.
 void DeltaNet::recur(ThreadPool& pool, const DeltaNetParams& p, RecurrentStatePool& states, int rl,
                      const std::vector<int32_t>& snaps) {
   const int64_t C = p.conv_dim(), Hv = p.n_v_heads, Sk = p.head_k, Sv = p.head_v, n_runs = runs_.size();
   const float scale = 1.0f / std::sqrt((float)Sk);
   pool.parallel_for(n_runs * Hv, [&](int64_t item) {
-    const int64_t r = item / Hv, hv = item % Hv, hk = hv % p.n_k_heads;
-    float* M = states.mat(runs_.slot[r], rl) + hv * Sv * Sk;
-    for (int64_t t = runs_.first[r]; t < runs_.first[r + 1]; t++) {
-      const float* q = &qkv_[t * C + hk * Sk];
-      const float* k = &qkv_[t * C + p.key_dim() + hk * Sk];
-      const float* v = &qkv_[t * C + 2 * p.key_dim() + hv * Sv];
-      const float decay = std::exp(g_[t * Hv + hv]), beta = beta_[t * Hv + hv];
-      float* o = &o_[t * p.value_dim() + hv * Sv];
-      for (int64_t j = 0; j < Sv; j++) {
-        float* m = M + j * Sk;
-        float mk = 0.f;
-        for (int64_t i = 0; i < Sk; i++) mk += (m[i] *= decay) * k[i];
-        const float d = beta * (v[j] - mk);
-        float mq = 0.f;
-        for (int64_t i = 0; i < Sk; i++) mq += (m[i] += d * k[i]) * q[i];
-        o[j] = mq * scale;
-      }
-      if (!snaps.empty() && snaps[t] >= 0)
-        std::memcpy(states.mat(snaps[t], rl) + hv * Sv * Sk, M, (size_t)(Sv * Sk) * sizeof(float));
+    const int64_t r = item / Hv, hv = item % Hv, hk = hv % p.n_k_heads, t0 = runs_.first[r];
+    const int64_t n = runs_.first[r + 1] - t0;
+    thread_local std::vector<float*> snap;
+    if (!snaps.empty()) {
+      snap.assign((size_t)n, nullptr);
+      for (int64_t t = 0; t < n; t++)
+        if (snaps[t0 + t] >= 0) snap[t] = states.mat(snaps[t0 + t], rl) + hv * Sv * Sk;
     }
+    const float* x = &qkv_[t0 * C];
+    const DeltaRuleRun run{x + hk * Sk, x + p.key_dim() + hk * Sk, x + 2 * p.key_dim() + hv * Sv, C,
+                           &g_[t0 * Hv + hv], &beta_[t0 * Hv + hv], Hv, &o_[t0 * p.value_dim() + hv * Sv],
+                           p.value_dim(), snaps.empty() ? nullptr : snap.data()};
+    delta_rule(run, n, (int)Sk, (int)Sv, scale, states.mat(runs_.slot[r], rl) + hv * Sv * Sk);
   });
 }
 
-// o ← RMSnorm(o) per value head (ssm_norm) · SiLU(z).
+// z ← RMSnorm(o) per value head (ssm_norm) · SiLU(z): the output projection's input.
 void DeltaNet::gated_norm(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T) {
   const int64_t Sv = p.head_v;
   pool.parallel_for(T, [&](int64_t t) {
     for (int hv = 0; hv < p.n_v_heads; hv++) {
       float* o = &o_[t * p.value_dim() + hv * Sv];
-      const float* z = &z_[t * p.value_dim() + hv * Sv];
+      float* z = &z_[t * p.value_dim() + hv * Sv];
       rmsnorm(o, w.norm.data(), o, Sv, eps);
-      for (int64_t j = 0; j < Sv; j++) o[j] *= z[j] / (1.0f + std::exp(-z[j]));
+      silu_mul(z, o, Sv);
     }
   }, INLINE_ROWS);
 }

@@ -4,12 +4,12 @@
 //   qkv = W_qkv h [conv_dim], z = W_gate h [value_dim], beta = sigmoid(W_beta h), g = softplus(W_alpha h + dt) · a
 //   qkv ← SiLU(causal depthwise conv of width d_conv over the sequence's qkv; state: its last d_conv - 1 inputs)
 //   q, k [n_k_heads × head_k] L2-normed (x / sqrt(Σx² + eps)); value head h reads key head h % n_k_heads
-//   per value head, M [head_v × head_k]: M ← M·exp(g); d = beta·(v − M k); M ← M + d kᵀ; o = M q / sqrt(head_k)
+//   per value head, M [head_v × head_k] (stored transposed): M ← M·exp(g); d = beta·(v − M k); M ← M + d kᵀ; o = M q / sqrt(head_k)
 //   out = W_out (RMSnorm_head(o) · SiLU(z))
 //
 // Both the conv's and the matrix state live in a RecurrentStatePool slot per sequence. The projections run
-// batched over the step's tokens; the recurrence is a per-token loop (not the chunkwise-parallel form), in
-// parallel over (sequence, value head) pairs, each row of M updated in one pass. A token's result depends
+// batched over the step's tokens; the recurrence is delta_rule's per-token kernel (not the chunkwise-parallel
+// form: docs/BENCHMARKS.md measures why), in parallel over (sequence, value head) pairs. A token's result depends
 // only on its sequence's earlier tokens: batch-invariant, and a prompt cut into chunks gives the same bits —
 // and the state copied after a step's j-th token of a sequence is the bits a step ending there leaves.
 #pragma once
@@ -65,7 +65,7 @@ class DeltaNet {
   void gated_norm(ThreadPool& pool, const DeltaNetParams& p, const DeltaNetWeights& w, float eps, int64_t T);
 
   SeqRuns runs_;                      // the step's tokens by sequence
-  std::vector<float> qkv_, z_, beta_, g_, o_;  // [T × conv_dim], [T × value_dim], [T × n_v_heads] ×2, [T × value_dim]
+  std::vector<float> qkv_, z_, beta_, g_, o_;  // [T × conv_dim], [T × value_dim], [T × n_v_heads] ×2 (beta, exp(g)), [T × value_dim]
 };
 
 }  // namespace pyserve

@@ -83,6 +83,17 @@ void gelu_mul(float* g, const float* u, int64_t n) {
   for (; i < n; i++) g[i] = gelu_tanh(g[i]) * u[i];
 }
 
+void silu_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(v, sigmoid8(v)));
+  }
+#endif
+  for (; i < n; i++) x[i] = silu(x[i]);
+}
+
 void silu_mul(float* g, const float* u, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)

@@ -41,6 +41,7 @@ float silu(float x);
 // g[i] = act(g[i]) * u[i] for n values: GELU (tanh form, written as x·sigmoid(2y)) or SiLU; vectorized.
 void gelu_mul(float* g, const float* u, int64_t n);
 void silu_mul(float* g, const float* u, int64_t n);
+void silu_inplace(float* x, int64_t n);  // x[i] = SiLU(x[i]), vectorized as silu_mul
 // x[i] = exp(x[i] - mx) for n values; returns their sum (fixed order). Vectorized.
 float exp_shift_sum(float* x, int64_t n, float mx);
 

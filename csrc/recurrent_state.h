@@ -32,7 +32,7 @@ class RecurrentStatePool {
   // dst's state = other's slot src (a pool of the same layout: state checkpoints)
   void copy_from(const RecurrentStatePool& other, int src, int dst);
   float* conv(int slot, int layer);  // [d_conv - 1][conv_dim]: the conv's last inputs, oldest first
-  float* mat(int slot, int layer);   // [n_v_heads][head_v][head_k]: each value head's state matrix (or none)
+  float* mat(int slot, int layer);   // [n_v_heads][head_k][head_v]: each value head's state matrix, transposed (delta_rule.h)
 
   int num_slots() const { return n_slots_; }
   int num_free() const { return (int)free_.size(); }

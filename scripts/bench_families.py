@@ -53,6 +53,12 @@ class Family(NamedTuple):
 LLAMA_1B = dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192)
 QWEN3_1_7B = dict(n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_ff=6144)
 QWEN3_4B = dict(n_embd=2560, n_layer=36, n_head=32, n_head_kv=8, head_dim=128, n_ff=9728)
+QWEN35_2B = dict(n_embd=2048, n_layer=24, n_head=8, n_head_kv=2, head_dim=256, n_ff=6144, ssm_state=128,
+                 ssm_groups=16, ssm_v_heads=16)  # a guess at Qwen3.5-2B: 18 DeltaNet and 6 attention layers
+# Qwen3.6-35B-A3B's widths (its config.json: 40 layers, every 4th full attention), 3 DeltaNet layers and 1 attention
+QWEN36_35B = dict(n_embd=2048, n_layer=4, n_head=16, n_head_kv=2, head_dim=256, n_ff=512, ssm_state=128,
+                  ssm_groups=16, ssm_v_heads=32)
+QWEN36_MOE = {"n_expert": 256, "n_used": 8, "n_ff": 512}  # and one shared expert of 512, qwen35moe's
 FAMILIES = {
     "qwen3-1.7b": Family("qwen3", Q4_K_M, QWEN3_1_7B),
     "qwen3-30b-a3b (2 of 48 layers)": Family("qwen3moe", Q4_K_M, dict(n_embd=2048, n_layer=2, n_head=32,
@@ -61,13 +67,15 @@ FAMILIES = {
     "gpt-oss-20b (2 of 24 layers)": Family("gpt-oss", MXFP4, dict(n_embd=2880, n_layer=2, n_head=64, n_head_kv=8,
                                                                   head_dim=64, n_ff=2880, sliding_window=128),
                                            {"n_expert": 32, "n_used": 4, "n_ff": 2880}),
-    "qwen3.5-2b-like": Family("qwen35", Q4_K_M, dict(n_embd=2048, n_layer=24, n_head=8, n_head_kv=2, head_dim=256,
-                                                      n_ff=6144, ssm_state=128, ssm_groups=16, ssm_v_heads=16)),
+    "qwen3.5-2b-like": Family("qwen35", Q4_K_M, QWEN35_2B),
     "llama-3.2-1b": Family("llama", Q4_K_M_TIED, LLAMA_1B, vocab="llama-bpe", tied=True),
     "qwen3-4b": Family("qwen3", Q4_K_M_TIED, QWEN3_4B, tied=True),
     "llama-3.2-1b q8_0": Family("llama", Q8_0, LLAMA_1B, vocab="llama-bpe", tied=True),
     "qwen3-1.7b q8_0": Family("qwen3", Q8_0, QWEN3_1_7B),
     "qwen3-4b q8_0": Family("qwen3", Q8_0, QWEN3_4B, tied=True),
+    "qwen3.5-2b-like q8_0": Family("qwen35", Q8_0, QWEN35_2B),
+    "qwen3.6-35b-a3b (4 of 40 layers)": Family("qwen35moe", Q4_K_M, QWEN36_35B, QWEN36_MOE),
+    "qwen3.6-35b-a3b q8_0 (4 of 40 layers)": Family("qwen35moe", Q8_0, QWEN36_35B, QWEN36_MOE),
 }
 
 
