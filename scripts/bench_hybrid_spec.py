@@ -1,6 +1,7 @@
 """Speculative decoding on a hybrid model: decode tok/s with it on vs off, and what the state roll-back costs.
 
     python scripts/bench_hybrid_spec.py [--arch qwen35] [--threads 2] [--max-tokens 200] [--k 7] [--rounds 3]
+        [--method ngram|mtp] [--shape small|2b]
 
 A random-weight hybrid (tests/model_factory.py; n_embd 1024, 8 layers (6 Gated DeltaNet), 8 value heads of 64,
 n_ff 2048, Q8_0, 67 MiB) in the engine, no HTTP, one stream, greedy, ignore_eos, on repetitive prompts (a random
@@ -11,6 +12,9 @@ this is what the drafted rows give at most). Speculation as served: drafted rows
 times. Prints decode tok/s ((tokens - 1) / (last token - first token), the best of --rounds per prompt) on vs
 off, the steps, the drafted and accepted tokens; the tokens must be the same (else exit status 1). Then the roll-back's two designs on this machine: a per-row snapshot (a copy of one state slot, numpy
 memcpy of state_slot_bytes, the best of 20) against a replay (a forward of the kept rows: RowCosts T(r)).
+--method mtp: the drafts come from the file's multi-token-prediction layer instead (one token ahead a step),
+a layer that guesses its input token comes again (model_factory's mtp="echo"): the "copy" text has every
+draft accepted, the "free" text almost none.
 """
 from __future__ import annotations
 
@@ -25,8 +29,15 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import model_factory as tm  # noqa: E402
+from bench_families import QWEN35_2B  # noqa: E402
 
 from pyserve import _engine  # noqa: E402
+
+
+SHAPES = {  # small: 67 MiB at Q8_0; 2b: bench_families.py's Qwen3.5-2B-like widths (2 GB at Q8_0)
+    "small": dict(n_embd=1024, n_layer=8, head_dim=64, ssm_state=64, ssm_v_heads=8, ssm_groups=4, n_ff=2048),
+    "2b": QWEN35_2B,
+}
 
 
 def decode(eng, prompt: list, sampling: dict, max_tokens: int) -> tuple[float, list]:
@@ -57,8 +68,16 @@ def copy_seconds(n_bytes: int) -> float:
     return best
 
 
+def speculation(args) -> dict:
+    """The engine options that turn speculation on with --method."""
+    if args.method == "mtp":
+        return {"speculative_ngram": 1, "speculative_method": "mtp"}
+    return {"speculative_ngram": args.k}
+
+
 def run_all(path: str, args, sampling: dict) -> tuple[dict, dict]:
-    engines = {k: _engine.Engine(path, n_threads=args.threads, speculative_ngram=k) for k in (0, args.k)}
+    engines = {k: _engine.Engine(path, n_threads=args.threads, **(speculation(args) if k else {}))
+               for k in (0, args.k)}
     rates = {k: [] for k in engines}
     tokens = {k: [] for k in engines}
     steps = {k: 0 for k in engines}
@@ -83,10 +102,11 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--method", default="ngram", choices=("ngram", "mtp"), help="where the drafts come from")
+    ap.add_argument("--shape", default="small", choices=tuple(SHAPES), help="the model's widths")
     args = ap.parse_args()
     path = tm.write_test_model(os.path.join(tempfile.mkdtemp(), "hybrid.gguf"), args.arch, qtype="Q8_0",
-                               n_embd=1024, n_layer=8, head_dim=64, ssm_state=64, ssm_v_heads=8, ssm_groups=4,
-                               n_ff=2048)
+                               **SHAPES[args.shape], mtp="echo" if args.method == "mtp" else False)
     same = True
     for name, sampling in (("free", {"temperature": 0.0}), ("copy", {"temperature": 0.0, "logit_bias": {7: 100.0}})):
         res, stats = run_all(str(path), args, sampling)
