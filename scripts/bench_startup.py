@@ -17,12 +17,17 @@ it the runs share one folder, filled by a first, unreported warm-up start. One t
 --llama-server BIN (with --llama-lib DIR, its libraries): after each start, llama-server on the same file with
 the same threads, polled the same way (its /health is 503 while it loads); its own table.
 
+The tree's modules are byte-compiled first (compileall, as `pip install` does for an installed pyserve): an
+environment with PYTHONDONTWRITEBYTECODE set would otherwise compile ~110 modules from source on every start
+(~0.09 s measured here), a cost no installed server pays.
+
 --profile: instead, the load's phases run one after another in this process under cProfile (a cold
 tokenizer build, a cached one, the engine with the serving options), each with its top functions.
 """
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import re
 import signal
@@ -180,6 +185,7 @@ def main() -> int:
         profile(args)
         return 0
     runs = max(1, min(args.runs, MAX_RUNS))
+    compileall.compile_dir(str(ROOT / "pyserve"), quiet=1)
     rows, peer = [], []
     model = args.model
     if args.llama_server and not model:

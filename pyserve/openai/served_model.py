@@ -85,6 +85,6 @@ def _model_template(meta: dict) -> Optional[str]:
 
 def _longest_token(tokenizer, n_vocab: int) -> int:
     try:  # a prompt longer than this x the context cannot fit
-        return max(1, max(len(tokenizer.token_bytes(i)) for i in range(n_vocab)))
+        return max(1, tokenizer.longest_token_bytes(n_vocab))
     except Exception:  # noqa: BLE001 - no bound then
         return 0

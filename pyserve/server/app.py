@@ -10,6 +10,7 @@ it needs, and wrap what it returns; errors of any layer become OpenAI's error JS
 from __future__ import annotations
 
 import logging
+from functools import cached_property
 from typing import Optional
 
 import trio
@@ -26,8 +27,6 @@ from ..openai.served_model import ServedModel
 from ..openai.serving_chat import ChatServing
 from ..openai.serving_completions import CompletionServing
 from ..openai.serving_embeddings import EmbeddingServing
-from ..openai.serving_rerank import RerankServing
-from ..openai.serving_infill import InfillServing
 from ..openai.serving_tokens import TokenServing
 from .config import ServerConfig
 from .edge import Edge
@@ -46,7 +45,8 @@ __all__ = ["create_app", "ServerConfig"]
 
 
 class Serving:
-    """The serving objects of one loaded model."""
+    """The serving objects of one loaded model. Those of the APIs fewer clients speak (rerank, infill) are made
+    at their first request, their modules imported then: not at start-up (see routes.py)."""
 
     def __init__(self, model: ServedModel):
         self.model = model
@@ -54,8 +54,18 @@ class Serving:
         self.completions = CompletionServing(model)
         self.tokens = TokenServing(model, self.chat)
         self.embeddings = EmbeddingServing(model)
-        self.rerank = RerankServing(model)
-        self.infill = InfillServing(model)
+
+    @cached_property
+    def rerank(self):
+        from ..openai.serving_rerank import RerankServing
+
+        return RerankServing(self.model)
+
+    @cached_property
+    def infill(self):
+        from ..openai.serving_infill import InfillServing
+
+        return InfillServing(self.model)
 
 
 class AppState:

@@ -6,12 +6,12 @@ from quart import request
 from quart_trio import QuartTrio
 
 from ..openai.protocol import parse_body
-from ..openai.protocol_rerank import RerankRequest, ScoreRequest
 from .responses import json_response
 
-# (paths, request model, the RerankServing method that answers it)
-_ROUTES = ((("/v1/rerank", "/rerank", "/v2/rerank"), RerankRequest, "rerank"),  # /v2: Cohere's ClientV2
-           (("/v1/score", "/score"), ScoreRequest, "score"))
+# (paths, request model in protocol_rerank.py: imported at the first request (routes.py), the RerankServing
+# method that answers it)
+_ROUTES = ((("/v1/rerank", "/rerank", "/v2/rerank"), "RerankRequest", "rerank"),  # /v2: Cohere's ClientV2
+           (("/v1/score", "/score"), "ScoreRequest", "score"))
 
 
 def add_rerank_routes(app: QuartTrio, state) -> None:
@@ -19,9 +19,11 @@ def add_rerank_routes(app: QuartTrio, state) -> None:
         _add(app, state, paths, model, method)
 
 
-def _add(app: QuartTrio, state, paths: tuple[str, ...], model: type, method: str) -> None:
+def _add(app: QuartTrio, state, paths: tuple[str, ...], model: str, method: str) -> None:
     async def endpoint():
-        req = parse_body(model, await request.get_data(cache=False))
+        from ..openai import protocol_rerank
+
+        req = parse_body(getattr(protocol_rerank, model), await request.get_data(cache=False))
         serving = await state.serving(req.model)
         return json_response(await getattr(serving.rerank, method)(req, state.context()))
 

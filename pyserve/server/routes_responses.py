@@ -1,13 +1,11 @@
-"""The Responses API's routes (/v1/responses, and the stored responses under /v1/responses/{id})."""
+"""The Responses API's routes (/v1/responses, and the stored responses under /v1/responses/{id}). Its modules
+are imported at its first request (routes.py)."""
 from __future__ import annotations
 
 from quart import current_app, request
 from quart_trio import QuartTrio
 
 from ..openai.protocol import parse_body
-from ..openai.protocol_responses import ResponsesRequest
-from ..openai.serving_background import BackgroundServing, cancel_background
-from ..openai.serving_responses import ResponsesServing
 from .responses import json_response, reply
 
 
@@ -15,6 +13,9 @@ def add_responses_routes(app: QuartTrio, state) -> None:
     @app.post("/v1/responses")
     @app.post("/responses")
     async def responses():
+        from ..openai.protocol_responses import ResponsesRequest
+        from ..openai.serving_responses import ResponsesServing
+
         req = parse_body(ResponsesRequest, await request.get_data(cache=False))
         if req.background:
             return json_response(await _start_background(state, req))
@@ -24,6 +25,9 @@ def add_responses_routes(app: QuartTrio, state) -> None:
 
     @app.post("/v1/responses/input_tokens")
     async def responses_input_tokens():
+        from ..openai.protocol_responses import ResponsesRequest
+        from ..openai.serving_responses import ResponsesServing
+
         req = parse_body(ResponsesRequest, await request.get_data(cache=False))
         serving = await state.serving(req.model)
         return json_response(await ResponsesServing(serving.chat, state.responses).input_tokens(req, state.context()))
@@ -31,8 +35,12 @@ def add_responses_routes(app: QuartTrio, state) -> None:
     _stored_routes(app, state)
 
 
-async def _start_background(state, req: ResponsesRequest) -> dict:
-    """The queued Response; the job holds its own model lease (the request's ends with this reply)."""
+async def _start_background(state, req) -> dict:
+    """The queued Response of `req` (a ResponsesRequest); the job holds its own model lease (the request's ends
+    with this reply)."""
+    from ..openai.serving_background import BackgroundServing
+    from ..openai.serving_responses import ResponsesServing
+
     lease = await state.lease(req.model)
     try:
         return BackgroundServing(ResponsesServing(lease.serving.chat, state.responses), state.background).start(
@@ -53,6 +61,8 @@ def _stored_routes(app: QuartTrio, state) -> None:
 
     @app.post("/v1/responses/<rid>/cancel")
     async def response_cancel(rid: str):
+        from ..openai.serving_background import cancel_background
+
         return json_response(cancel_background(state.responses, state.background, state.context().owner, rid))
 
     @app.get("/v1/responses/<rid>/input_items")
