@@ -270,10 +270,11 @@ EngineConfig config_from_py(const py::kwargs& kw) {
   return cfg.cast<EngineConfig>();
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& path, bool calibrate, const py::kwargs& kw) {
+std::unique_ptr<Engine> make_engine(const std::string& path, bool calibrate, const std::string& packed_weights,
+                                    const py::kwargs& kw) {
   const EngineConfig c = config_from_py(kw);
   py::gil_scoped_release nogil;
-  return std::make_unique<Engine>(path, c, calibrate);
+  return std::make_unique<Engine>(path, c, calibrate, packed_weights);
 }
 
 // The model file's hyper-parameters and the KV geometry an engine with these options would give it, from
@@ -529,8 +530,18 @@ void bind_engine(py::module_& m) {
   py::class_<Engine> engine(m, "Engine");
   engine
       .def(py::init(&make_engine), py::arg("path"), py::kw_only(), py::arg("calibrate") = true,
-           "Engine(path, *, calibrate=True, **options): options named as EngineConfig's fields (unknown: "
-           "TypeError); calibrate=False: the timed scratch forwards wait for calibrate(); releases the GIL")
+           py::arg("packed_weights") = "",
+           "Engine(path, *, calibrate=True, packed_weights='', **options): options named as EngineConfig's "
+           "fields (unknown: TypeError); calibrate=False: the timed scratch forwards wait for calibrate(); "
+           "packed_weights: a file save_packed_weights wrote, mapped instead of packing the weights when it "
+           "holds this model's (any other file: packed as without it); releases the GIL")
+      .def_property_readonly("packed_from_file", [](Engine& e) { return e.model().packed_from_file(); },
+                             "whether the packed weights were mapped from packed_weights")
+      .def_property_readonly("packed_bytes", [](Engine& e) { return e.model().packed_bytes(); })
+      .def("save_packed_weights", [](Engine& e, const std::string& path) { e.model().save_packed(path); },
+           py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+           "writes the packed weights to `path` (replaced; write a temporary name and rename it) for a later "
+           "Engine's packed_weights; RuntimeError when a write fails; releases the GIL")
       .def("calibrate", &Engine::calibrate_costs, py::call_guard<py::gil_scoped_release>(),
            "the load's step-cost calibration, if the constructor was told not to run it (once, before the "
            "first step; a no-op otherwise); releases the GIL")
@@ -601,6 +612,7 @@ PYBIND11_MODULE(_engine, m) {
   py::register_exception<ModelError>(m, "ModelError", PyExc_ValueError);
   bind_context_length_error(m);
   m.attr("supported_architectures") = supported_architectures();
+  m.attr("packed_layout") = packed_layout();  // packed_file.h: a packed-weights file names the layout it holds
   bind_sampler(m);
   bind_gguf(m);
   bind_grammar(m);

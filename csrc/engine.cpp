@@ -155,10 +155,11 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c) {
   return g;
 }
 
-Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate) : cfg_(cfg) {
+Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate, const std::string& packed_path)
+    : cfg_(cfg) {
   file_ = std::make_shared<GGUFFile>(path);
   if (drafts_by_mtp(cfg_)) kv_geometry(read_hparams(*file_), cfg_);  // a file without MTP layers: said as such
-  model_ = std::make_unique<Model>(file_, drafts_by_mtp(cfg_));
+  model_ = std::make_unique<Model>(file_, drafts_by_mtp(cfg_), packed_path);
   const HParams& hp = model_->hparams();
   const KVGeometry geo = kv_geometry(hp, cfg_);
   cfg_.n_ctx = geo.n_ctx;

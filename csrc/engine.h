@@ -160,7 +160,8 @@ class Engine {
   // Loads the model. Throws GGUFError / ModelError with the file and what is wrong. calibrate=false leaves
   // the step-cost calibration (a second of scratch forwards) to a later calibrate(): a loader can then do
   // other work beside the weights' load without that work skewing (and slowing) the timed forwards.
-  Engine(const std::string& path, const EngineConfig& cfg, bool calibrate = true);
+  // packed_path: a packed-weights file to map (Model's packed_path; "": pack them).
+  Engine(const std::string& path, const EngineConfig& cfg, bool calibrate = true, const std::string& packed_path = "");
   // The load's timed scratch forwards (target_itl > 0: the step-cost model; speculative_ngram > 0: the row
   // costs). The constructor runs it unless told not to; once, before the first step (no-op afterwards).
   void calibrate_costs();
@@ -176,6 +177,7 @@ class Engine {
   const HParams& hparams() const { return model_->hparams(); }
   const GGUFFile& file() const { return *file_; }
   const EngineConfig& config() const { return cfg_; }
+  Model& model() { return *model_; }  // for its packed weights (packed_from_file, save_packed): fixed at load
   std::vector<int32_t> eos_ids() const { return eos_ids_; }
   void set_eos_ids(std::vector<int32_t> ids) { eos_ids_ = std::move(ids); }
 

@@ -6,11 +6,12 @@
 
 namespace pyserve {
 
-Model::Model(std::shared_ptr<const GGUFFile> file, bool with_mtp) : file_(std::move(file)) {
+Model::Model(std::shared_ptr<const GGUFFile> file, bool with_mtp, const std::string& packed_path)
+    : file_(std::move(file)) {
   hp_ = read_hparams(*file_);
   spec_ = &arch_spec(hp_.arch);
   load_weights(with_mtp);
-  pack_weights();
+  pack_weights(packed_path);
 }
 
 Weight Model::weight(const std::string& name, int64_t n_in, int64_t n_out) const {
@@ -48,7 +49,7 @@ std::vector<Weight> Model::experts(const std::string& name, int64_t n_in, int64_
   return ws;
 }
 
-void Model::pack_weights() {
+std::vector<Weight*> Model::matrices() {
   std::vector<Weight*> ws = {&output_, &mtp_.eh_proj};
   for (LayerWeights& L : layers_) {
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
@@ -59,8 +60,15 @@ void Model::pack_weights() {
       for (Weight& w : *es) ws.push_back(&w);
   }
   for (Weight* w : ple_.matrices()) ws.push_back(w);
+  ws.erase(std::remove_if(ws.begin(), ws.end(), [](const Weight* w) { return !w->data || !packable(w->type); }),
+           ws.end());
+  return ws;
+}
+
+void Model::pack_weights(const std::string& packed_path) {
+  const std::vector<Weight*> ws = matrices();
+  if (!packed_path.empty() && map_packed(ws, packed_path)) return;
   for (Weight* w : ws) {
-    if (!w->data || !packable(w->type)) continue;
     try {
       w->packed = pack_weight(w->type, w->data, w->row_bytes, w->n_out, w->n_in);
     } catch (const std::bad_alloc&) {
@@ -69,6 +77,28 @@ void Model::pack_weights() {
     }
     file_->drop_pages(w->data, w->row_bytes * (size_t)w->n_out);
   }
+}
+
+// The packed weights from the file at `path`, when it holds these (the GGUF's rows are then never read).
+bool Model::map_packed(const std::vector<Weight*>& ws, const std::string& path) {
+  std::vector<PackedWeight> shapes;
+  for (const Weight* w : ws) shapes.push_back(packed_shape(w->type, w->n_out, w->n_in));
+  packed_file_ = PackedFile::open(path, shapes);
+  if (!packed_file_) return false;
+  for (size_t i = 0; i < ws.size(); i++) ws[i]->packed = PackedFile::weight(packed_file_, i, shapes[i]);
+  return true;
+}
+
+size_t Model::packed_bytes() {
+  size_t n = 0;
+  for (const Weight* w : matrices()) n += (size_t)w->packed->n_groups * w->packed->group_bytes;
+  return n;
+}
+
+void Model::save_packed(const std::string& path) {
+  std::vector<const PackedWeight*> ps;
+  for (const Weight* w : matrices()) ps.push_back(w->packed.get());
+  write_packed_file(path, ps);
 }
 
 std::vector<float> Model::vec(const std::string& name, int64_t n, bool optional) const {

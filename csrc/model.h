@@ -15,6 +15,7 @@
 #include "delta_net.h"
 #include "moe.h"
 #include "ops.h"
+#include "packed_file.h"
 #include "per_layer_embd.h"
 #include "short_conv.h"
 #include "threadpool.h"
@@ -67,13 +68,21 @@ class Model {
   // Reads hyper-parameters and weights from an open file. Throws ModelError (file, tensor, what) on a
   // missing tensor, a shape that disagrees with the metadata, or an unsupported architecture.
   // with_mtp: also the file's first MTP layer (draft_forward), or ModelError where it has none.
-  explicit Model(std::shared_ptr<const GGUFFile> file, bool with_mtp = false);
+  // packed_path: a file of these weights packed (packed_file.h, save_packed) mapped instead of packing them,
+  // when it fits them; any other file, or none there, and they are packed.
+  explicit Model(std::shared_ptr<const GGUFFile> file, bool with_mtp = false, const std::string& packed_path = "");
 
   const HParams& hparams() const { return hp_; }
   // The context a sequence may reach (the engine's max model length): picks LongRoPE's long or short
   // frequency factors as llama.cpp does. Call before the first forward.
   void set_context(int n_ctx);
   const GGUFFile& file() const { return *file_; }
+  // Whether the packed weights were mapped from packed_path (else packed at load); their bytes.
+  bool packed_from_file() const { return packed_file_ != nullptr; }
+  size_t packed_bytes();
+  // Writes the packed weights to `path` for a later load's packed_path (packed_file.h: throws
+  // std::runtime_error when a write fails). Reads them only: safe beside forwards.
+  void save_packed(const std::string& path);
 
   // Runs the batch: writes K/V of every token into `kv` through its table (blocks must be allocated),
   // then fills logits[logit_rows.size() × n_vocab] and, when given, hidden[hidden_rows.size() × n_embd]
@@ -106,7 +115,9 @@ class Model {
   void embed(const Batch& b, ThreadPool& pool, float* x) const;  // x[T × n_embd]: the tokens' scaled embeddings
   // Re-lays every packable matrix for the matmul kernels (packed.h) and hands back its mapped pages, so
   // one copy of each weight stays resident. Throws ModelError when the copy does not fit in memory.
-  void pack_weights();
+  void pack_weights(const std::string& packed_path);
+  bool map_packed(const std::vector<Weight*>& ws, const std::string& path);
+  std::vector<Weight*> matrices();  // the packable matrices, in a fixed order (the packed file's)
   Weight weight(const std::string& name, int64_t n_in, int64_t n_out) const;
   Weight rows(const Weight& w, int64_t r0, int64_t n) const;
   void load_qkv(const std::string& prefix, LayerWeights& L, int il);
@@ -132,6 +143,7 @@ class Model {
   void final_norm(const std::vector<int32_t>& rows, std::vector<float>& out) const;  // out[rows × n_embd]
 
   std::shared_ptr<const GGUFFile> file_;
+  std::shared_ptr<const PackedFile> packed_file_;  // the packed weights' mapping, when they come from one
   const ArchSpec* spec_ = nullptr;
   HParams hp_;
   Weight tok_embd_, output_;

@@ -327,21 +327,32 @@ bool packable(GGMLType t) {
   }
 }
 
-std::unique_ptr<PackedWeight> pack_weight(GGMLType t, const uint8_t* rows, size_t row_bytes, int64_t n_rows,
-                                          int64_t n_in) {
+std::string packed_layout() {
+  // Bump the number with any change to a packed block (packed_blocks.h) or to how pack_k / pack_legacy fill
+  // one: files of the old layout (packed_file.h) are then packed again.
+  return "packed/1 vnni=" + std::to_string(PS_VNNI != 0) + " avx2=" + std::to_string(PS_AVX2);
+}
+
+PackedWeight packed_shape(GGMLType t, int64_t n_rows, int64_t n_in) {
   if (!packable(t)) throw std::invalid_argument(std::string("cannot pack weights of type ") + type_traits((uint32_t)t)->name);
   const int bs = type_traits((uint32_t)t)->block_size;
   if (n_in <= 0 || n_in % bs) throw std::invalid_argument("cannot pack rows of " + std::to_string(n_in) + " elements");
-  auto p = std::make_unique<PackedWeight>();
-  p->type = t;
-  p->n_in = n_in;
-  p->n_groups = n_rows / PACK_ROWS;
-  const int64_t nb = n_in / bs;
+  PackedWeight p;
+  p.type = t;
+  p.n_in = n_in;
+  p.n_groups = n_rows / PACK_ROWS;
+  p.group_bytes = (size_t)(n_in / bs) * pblock_size(t);
+  return p;
+}
+
+std::unique_ptr<PackedWeight> pack_weight(GGMLType t, const uint8_t* rows, size_t row_bytes, int64_t n_rows,
+                                          int64_t n_in) {
+  auto p = std::make_unique<PackedWeight>(packed_shape(t, n_rows, n_in));
+  const int64_t nb = n_in / type_traits((uint32_t)t)->block_size;
   const size_t src_block = type_traits((uint32_t)t)->type_size, dst_block = pblock_size(t);
-  p->group_bytes = (size_t)nb * dst_block;
   // Large matrices on 2 MiB boundaries so that transparent huge pages can back them (madvise needs an
   // aligned range): streaming 178 MB per token through 4 KiB pages costs a TLB miss every 4 KiB.
-  const size_t bytes = p->n_groups * p->group_bytes, align = bytes >= (4u << 20) ? (2u << 20) : 64;
+  const size_t bytes = p->n_groups * p->group_bytes, align = bytes >= PACK_HUGE_FROM ? (2u << 20) : 64;
   const size_t total = std::max(align, (bytes + align - 1) / align * align);
   p->data = {(uint8_t*)std::aligned_alloc(align, total), std::free};
   if (!p->data) throw std::bad_alloc();

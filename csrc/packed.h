@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "quant.h"
 
@@ -38,6 +39,16 @@ struct PackedWeight {
 
 // True for the types this build packs (the six above, when the AVX2 kernels are compiled in).
 bool packable(GGMLType t);
+
+// The packed form of n_rows rows of n_in elements of type t, without its data: type, n_in, n_groups and
+// group_bytes as pack_weight gives them. Throws std::invalid_argument as pack_weight does.
+PackedWeight packed_shape(GGMLType t, int64_t n_rows, int64_t n_in);
+
+// This build's packed layout, e.g. "packed/1 vnni=1 avx2=1": packed_file.h keeps it with the weights.
+std::string packed_layout();
+
+// A packed matrix's data is on 2 MiB boundaries from this size on (transparent huge pages can back it).
+constexpr size_t PACK_HUGE_FROM = 4u << 20;
 
 // Packs the first ⌊n_rows / 8⌋ · 8 rows (row r at rows + r · row_bytes, n_in elements of type t).
 // Throws std::invalid_argument when t is not packable or n_in is not a multiple of its block, std::bad_alloc

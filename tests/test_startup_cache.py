@@ -300,6 +300,8 @@ def test_second_server_start_reads_the_cache(monkeypatch, tmp_path):
         logs.append("".join(s.stderr))
     assert "(built)" in logs[0] and "(measured)" in logs[0], logs[0][-2000:]
     assert "tokenizer" in logs[1] and "(cached)" in logs[1] and "(measured)" not in logs[1], logs[1][-2000:]
+    assert "(weights packed, written" in logs[0] and "(weights mapped)" in logs[1]  # weights_cache.py
+    assert len(list((tmp_path / "weights").glob("*.packed"))) == 1
     assert all("begun at start-up" in log for log in logs)  # cli.py's early load, taken over by the server
     assert len(list((tmp_path / "tokenizers").glob("*.bin"))) == 1
 
@@ -362,8 +364,10 @@ def test_server_start_leaves_the_rarer_apis_unimported():
             "from pyserve.server.config import ServerConfig\n"
             "create_app(None, ServerConfig())\n"
             "print(' '.join(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.split()
+    # the pyserve this test imports (the installed one in CI, whose tree has no built engine): not the tree's
+    pkg_parent = str(Path(pyserve.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], cwd=pkg_parent, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=pkg_parent)).stdout.split()
     assert "pyserve.openai.serving_chat" in out and "pyserve.server.routes_anthropic" in out
     lazy = ["pyserve.anthropic.protocol", "pyserve.anthropic.serving", "pyserve.openai.protocol_responses",
             "pyserve.openai.serving_responses", "pyserve.openai.protocol_rerank", "pyserve.openai.serving_rerank",

@@ -1,7 +1,8 @@
 """Loading a model: the engine's weights and the tokenizer side by side, then the engine's calibration; each
 phase timed.
 
-The engine's load (weights read and repacked) releases the GIL; the tokenizer (from tokenizer_cache.py, or
+The engine's load (weights read and repacked, or mapped packed from weights_cache.py; a load that packed
+writes them there for the next) releases the GIL; the tokenizer (from tokenizer_cache.py, or
 read from the vocabulary) is mostly Python work that holds it. So the tokenizer is made in a second thread from
 the file (a file seen before: its cache entry, the vocabulary never read into Python) while this one waits in
 the engine's constructor. The header the model keeps is read first without the vocabulary's long arrays.
@@ -31,6 +32,7 @@ from .. import _engine
 from .calibration_cache import calibrate
 from .tokenizer import Tokenizer
 from .tokenizer_cache import load_tokenizer_of_file
+from .weights_cache import entry_of, keep
 
 __all__ = ["LoadedModel", "load_model", "start_early", "discard_early"]
 
@@ -46,6 +48,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     times: dict = field(default_factory=dict)  # phase -> seconds: header, engine, tokenizer, calibrate, total
     tokenizer_source: str = ""  # tokenizer_cache.load_tokenizer's "cached" / "built" / "built, not cached"
+    weights_source: str = ""  # weights_cache.keep's "mapped" / "written" / "packed"
     calibration_source: str = ""  # calibration_cache.calibrate's "cached" / "measured"
 
 
@@ -83,16 +86,21 @@ def _load_uncalibrated(path: str, options: dict) -> LoadedModel:
     tok = _TokenizerThread(path)
     tok.start()
     try:
-        engine = _engine.Engine(path, calibrate=False, **options)
-    finally:
+        entry = entry_of(path)
+        engine = _engine.Engine(path, calibrate=False, packed_weights=str(entry or ""), **options)
         t_engine = time.perf_counter()
+        weights = keep(engine, entry)
+    finally:
+        t_weights = time.perf_counter()
         tok.join()
     if tok.error is not None:
         raise tok.error
     tokenizer, source = tok.result
     times = {"header": t_header - t0, "engine": t_engine - t_header, "tokenizer": tok.seconds,
              "total": time.perf_counter() - t0}
-    return LoadedModel(engine, metadata, tokenizer, times, source)
+    if weights == "written":
+        times["written"] = t_weights - t_engine
+    return LoadedModel(engine, metadata, tokenizer, times, source, weights_source=weights)
 
 
 class _EarlyLoad(threading.Thread):
