@@ -29,9 +29,13 @@ def cache(monkeypatch, tmp_path):
     return tmp_path / "cache" / "weights"
 
 
+WRITTEN = "packed, writing the cache"  # weights_cache.keep_in_background
+
+
 def _run(path) -> tuple[str, list]:
     llm = LLM(str(path), n_threads=2)
     outs = [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY)]
+    weights_cache.wait_writes()
     return llm.weights_source, [(o.token_ids, o.logprobs) for o in outs]
 
 
@@ -39,7 +43,7 @@ def _run(path) -> tuple[str, list]:
 def test_mapped_equals_packed(arch, kw, cache, tmp_path):
     path = tm.write_test_model(tmp_path / f"{arch}.gguf", arch, **kw)
     first, second = _run(path), _run(path)
-    assert (first[0], second[0]) == ("written", "mapped")
+    assert (first[0], second[0]) == (WRITTEN, "mapped")
     assert second[1] == first[1]
     assert len(list(cache.glob("*.packed"))) == 1
 
@@ -78,27 +82,27 @@ def test_entry_that_does_not_fit_is_written_again(damage, cache, tmp_path):
         _run(other)
         shutil.copy(next(p for p in cache.glob("*.packed") if p != entry), entry)
     again = _run(path)
-    assert again[0] == "written" and again[1] == fresh[1]
+    assert again[0] == WRITTEN and again[1] == fresh[1]
     assert _run(path) == ("mapped", fresh[1])
 
 
 def test_changed_file_misses(cache, tmp_path):
     path = tm.write_test_model(tmp_path / "m.gguf", "llama", qtype="Q4_K")
-    assert _run(path)[0] == "written"
+    assert _run(path)[0] == WRITTEN
     tm.write_test_model(path, "llama", qtype="Q4_K", seed=1)  # the same name, other weights
     changed = _run(path)
-    assert changed[0] == "written" and changed[1] == _run(path)[1]
+    assert changed[0] == WRITTEN and changed[1] == _run(path)[1]
 
 
 def test_folder_keeps_the_entries_used_last(cache, tmp_path, monkeypatch):
     monkeypatch.setattr(weights_cache, "MAX_ENTRIES", 2)
     paths = [tm.write_test_model(tmp_path / f"m{i}.gguf", "llama", qtype="Q4_K", seed=i) for i in range(3)]
-    assert [_run(p)[0] for p in paths[:2]] == ["written", "written"]
+    assert [_run(p)[0] for p in paths[:2]] == [WRITTEN, WRITTEN]
     assert _run(paths[0])[0] == "mapped"  # used last: m1's entry is now the oldest
-    assert _run(paths[2])[0] == "written"  # and goes
+    assert _run(paths[2])[0] == WRITTEN  # and goes
     assert len(list(cache.glob("*.packed"))) == 2
     # m0 mapped (used last), m1 written again (m2's entry, now the oldest, goes), m2 written again
-    assert [_run(p)[0] for p in paths] == ["mapped", "written", "written"]
+    assert [_run(p)[0] for p in paths] == ["mapped", WRITTEN, WRITTEN]
 
 
 def test_small_models_and_no_cache_are_packed(monkeypatch, tmp_path):

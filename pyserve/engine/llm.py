@@ -53,14 +53,12 @@ class LLM:
         self._ids = itertools.count()
 
     def load_summary(self) -> str:
-        """This load's phases for a log line: "resolve 0.00 s, header 0.05 s, engine 0.28 s (weights packed,
-        written 0.20 s) | tokenizer 0.61 s (cached), calibrate 0.90 s (measured), total 1.60 s" (the engine's
+        """This load's phases for a log line: "resolve 0.00 s, header 0.05 s, engine 0.28 s (weights mapped) |
+        tokenizer 0.61 s (cached), calibrate 0.90 s (measured), total 1.60 s" (the engine's
         weights and the tokenizer load side by side, then the engine calibrates: model_load.py)."""
         t = self.load_times
-        written = f", written {t['written']:.2f} s" if "written" in t else ""
-        weights = "packed" if self.weights_source == "written" else self.weights_source
         return (f"resolve {t['resolve']:.2f} s, header {t['header']:.2f} s, engine {t['engine']:.2f} s "
-                f"(weights {weights}{written}) | "
+                f"(weights {self.weights_source}) | "
                 f"tokenizer {t['tokenizer']:.2f} s ({self.tokenizer_source}), calibrate {t['calibrate']:.2f} s "
                 f"({self.calibration_source}), total {t['total']:.2f} s" +
                 (f", begun at start-up (waited {t['waited']:.2f} s)" if "waited" in t else ""))

@@ -2,7 +2,7 @@
 phase timed.
 
 The engine's load (weights read and repacked, or mapped packed from weights_cache.py; a load that packed
-writes them there for the next) releases the GIL; the tokenizer (from tokenizer_cache.py, or
+writes them there for the next, in the background once it is calibrated) releases the GIL; the tokenizer (from tokenizer_cache.py, or
 read from the vocabulary) is mostly Python work that holds it. So the tokenizer is made in a second thread from
 the file (a file seen before: its cache entry, the vocabulary never read into Python) while this one waits in
 the engine's constructor. The header the model keeps is read first without the vocabulary's long arrays.
@@ -26,13 +26,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from .. import _engine
 from .calibration_cache import calibrate
 from .tokenizer import Tokenizer
 from .tokenizer_cache import load_tokenizer_of_file
-from .weights_cache import entry_of, keep
+from .weights_cache import entry_of, keep_in_background
 
 __all__ = ["LoadedModel", "load_model", "start_early", "discard_early"]
 
@@ -48,7 +49,8 @@ class LoadedModel:
     tokenizer: Tokenizer
     times: dict = field(default_factory=dict)  # phase -> seconds: header, engine, tokenizer, calibrate, total
     tokenizer_source: str = ""  # tokenizer_cache.load_tokenizer's "cached" / "built" / "built, not cached"
-    weights_source: str = ""  # weights_cache.keep's "mapped" / "written" / "packed"
+    weights_source: str = ""  # "mapped" (from weights_cache.py's entry) or "packed"; then keep_in_background's
+    weights_entry: Optional[Path] = None  # the cache entry the weights were looked for in (None: no cache)
     calibration_source: str = ""  # calibration_cache.calibrate's "cached" / "measured"
 
 
@@ -75,6 +77,8 @@ def load_model(path: str, options: dict) -> LoadedModel:
     t_calibrate = time.perf_counter()
     loaded.calibration_source = calibrate(loaded.engine, path)
     seconds = time.perf_counter() - t_calibrate
+    # after the timed forwards, which a writer beside them would skew
+    loaded.weights_source = keep_in_background(loaded.engine, loaded.weights_entry)
     loaded.times.update(calibrate=seconds, total=loaded.times["total"] + seconds)  # an early load's own time
     return loaded
 
@@ -88,19 +92,15 @@ def _load_uncalibrated(path: str, options: dict) -> LoadedModel:
     try:
         entry = entry_of(path)
         engine = _engine.Engine(path, calibrate=False, packed_weights=str(entry or ""), **options)
-        t_engine = time.perf_counter()
-        weights = keep(engine, entry)
     finally:
-        t_weights = time.perf_counter()
+        t_engine = time.perf_counter()
         tok.join()
     if tok.error is not None:
         raise tok.error
     tokenizer, source = tok.result
     times = {"header": t_header - t0, "engine": t_engine - t_header, "tokenizer": tok.seconds,
              "total": time.perf_counter() - t0}
-    if weights == "written":
-        times["written"] = t_weights - t_engine
-    return LoadedModel(engine, metadata, tokenizer, times, source, weights_source=weights)
+    return LoadedModel(engine, metadata, tokenizer, times, source, weights_entry=entry)
 
 
 class _EarlyLoad(threading.Thread):

@@ -10,7 +10,9 @@ size, mtime, inode) and the engine's packed layout (`_engine.packed_layout`): a 
 misses, and the engine itself maps only a file whose header and table fit the model (any other: it packs).
 An entry is written after a load that packed, when the packed weights are at least MIN_BYTES (below that
 packing costs less than the file: tiny test models) and the disk keeps twice their size free; the folder keeps
-the MAX_ENTRIES entries used last. A write that fails is a warning: the next load packs again.
+the MAX_ENTRIES entries used last. A write that fails is a warning: the next load packs again. A load writes
+its entry in the background (keep_in_background: a first start of a 4B model would otherwise wait seconds
+for the disk), in a thread that holds the engine until it is done and that the interpreter's exit waits for.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,13 +29,15 @@ from typing import Optional
 from .. import _engine
 from .user_cache import cache_dir, file_identity
 
-__all__ = ["entry_of", "keep"]
+__all__ = ["entry_of", "keep", "keep_in_background", "wait_writes"]
 
 MIN_BYTES = 32 << 20
 MAX_ENTRIES = 4
 _STALE_TMP = 600.0  # seconds: a temporary file this old is a killed writer's
 
 log = logging.getLogger(__name__)
+_writers: list[threading.Thread] = []
+_writers_lock = threading.Lock()
 
 
 def entry_of(path: str) -> Optional[Path]:
@@ -67,6 +72,27 @@ def keep(engine, entry: Optional[Path]) -> str:
         return "packed"
     _prune(entry.parent)
     return "written"
+
+
+def keep_in_background(engine, entry: Optional[Path]) -> str:
+    """keep() in a thread when it has an entry to write: "mapped", "packed" (nothing to write), or "packed,
+    writing the cache" (wait_writes() waits for it)."""
+    if entry is None or engine.packed_from_file or engine.packed_bytes < MIN_BYTES:
+        return keep(engine, entry)
+    # not a daemon, whatever thread loads (trio's workers are daemons): the interpreter's exit waits for it
+    writer = threading.Thread(target=keep, args=(engine, entry), name="pyserve-weights-cache", daemon=False)
+    with _writers_lock:
+        _writers[:] = [w for w in _writers if w.is_alive()] + [writer]
+    writer.start()
+    return "packed, writing the cache"
+
+
+def wait_writes() -> None:
+    """Returns once every background write begun so far has ended."""
+    with _writers_lock:
+        writers = list(_writers)
+    for w in writers:
+        w.join()
 
 
 def _room_for(folder: Path, size: int) -> bool:
