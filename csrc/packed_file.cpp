@@ -60,7 +60,8 @@ std::vector<Entry> layout_entries(const std::vector<const PackedWeight*>& ws, ui
 
 class Writer {
  public:
-  explicit Writer(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)) {
+  explicit Writer(const std::string& path)
+      : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
     if (fd_ < 0) fail("cannot create");
   }
   ~Writer() {

@@ -2,10 +2,10 @@
 phase timed.
 
 The engine's load (weights read and repacked, or mapped packed from weights_cache.py; a load that packed
-writes them there for the next, in the background once it is calibrated) releases the GIL; the tokenizer (from tokenizer_cache.py, or
-read from the vocabulary) is mostly Python work that holds it. So the tokenizer is made in a second thread from
-the file (a file seen before: its cache entry, the vocabulary never read into Python) while this one waits in
-the engine's constructor. The header the model keeps is read first without the vocabulary's long arrays.
+writes them there for the next, in the background once it is calibrated) releases the GIL; the tokenizer
+(from tokenizer_cache.py, or read from the vocabulary) is mostly Python work that holds it. So the tokenizer
+is made in a second thread from the file (a file seen before: its cache entry, the vocabulary never read into
+Python) while this one waits in the engine's constructor. The header the model keeps is read first without the vocabulary's long arrays.
 The engine's calibration (timed scratch forwards that seed its step-cost model, ~1 s with the serving
 options; calibration_cache.py keeps it for the next load) runs after both, alone: beside the tokenizer's
 thread its thread team would be descheduled, the timings inflated (measured: row costs 1.5-2x) and the
@@ -49,7 +49,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     times: dict = field(default_factory=dict)  # phase -> seconds: header, engine, tokenizer, calibrate, total
     tokenizer_source: str = ""  # tokenizer_cache.load_tokenizer's "cached" / "built" / "built, not cached"
-    weights_source: str = ""  # "mapped" (from weights_cache.py's entry) or "packed"; then keep_in_background's
+    weights_source: str = ""  # weights_cache.keep_in_background's "mapped" / "packed" / "packed, writing the cache"
     weights_entry: Optional[Path] = None  # the cache entry the weights were looked for in (None: no cache)
     calibration_source: str = ""  # calibration_cache.calibrate's "cached" / "measured"
 
