@@ -66,6 +66,7 @@ def keep(engine, entry: Optional[Path]) -> str:
     try:
         engine.save_packed_weights(str(tmp))
         os.replace(tmp, entry)
+        _touch(entry)
     except (OSError, RuntimeError) as e:
         log.warning("cannot keep the packed weights in %s (%s): the next load packs them again", entry, e)
         _remove(tmp)
@@ -104,8 +105,11 @@ def _room_for(folder: Path, size: int) -> bool:
 
 
 def _touch(entry: Path) -> None:
+    """Marks `entry` used now (what _prune orders by), from the clock in nanoseconds: the file system's own
+    stamps come from a coarse clock, and two loads a few milliseconds apart would tie."""
+    now = time.time_ns()
     try:
-        os.utime(entry)  # used last: kept by _prune
+        os.utime(entry, ns=(now, now))
     except OSError:
         pass
 
@@ -113,7 +117,7 @@ def _touch(entry: Path) -> None:
 def _prune(folder: Path) -> None:
     """The MAX_ENTRIES entries used last stay; older ones, and stale temporary files, go."""
     try:
-        entries = sorted(folder.glob("*.packed"), key=lambda p: p.stat().st_mtime, reverse=True)
+        entries = sorted(folder.glob("*.packed"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         stale = [p for p in folder.glob("*.tmp") if time.time() - p.stat().st_mtime > _STALE_TMP]
     except OSError:
         return
