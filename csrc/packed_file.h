@@ -37,7 +37,6 @@ class PackedFile {
   PackedFile(const PackedFile&) = delete;
   PackedFile& operator=(const PackedFile&) = delete;
 
-  size_t size() const { return offsets_.size(); }
   // Weight i of file `f`: `shape` (open's shapes[i]) with its data in the mapping, which it keeps alive.
   static std::shared_ptr<const PackedWeight> weight(const std::shared_ptr<const PackedFile>& f, size_t i,
                                                     const PackedWeight& shape);

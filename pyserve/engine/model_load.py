@@ -5,7 +5,8 @@ The engine's load (weights read and repacked, or mapped packed from weights_cach
 writes them there for the next, in the background once it is calibrated) releases the GIL; the tokenizer
 (from tokenizer_cache.py, or read from the vocabulary) is mostly Python work that holds it. So the tokenizer
 is made in a second thread from the file (a file seen before: its cache entry, the vocabulary never read into
-Python) while this one waits in the engine's constructor. The header the model keeps is read first without the vocabulary's long arrays.
+Python) while this one waits in the engine's constructor. The header the model keeps is read first without
+the vocabulary's long arrays.
 The engine's calibration (timed scratch forwards that seed its step-cost model, ~1 s with the serving
 options; calibration_cache.py keeps it for the next load) runs after both, alone: beside the tokenizer's
 thread its thread team would be descheduled, the timings inflated (measured: row costs 1.5-2x) and the

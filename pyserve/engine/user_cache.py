@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-__all__ = ["ENV", "cache_dir", "write_atomic", "file_identity"]
+__all__ = ["ENV", "cache_dir", "write_atomic", "write_file_atomic", "file_identity"]
 
 ENV = "PYSERVE_CACHE_DIR"
 
@@ -38,12 +38,20 @@ def file_identity(path: str, **extra) -> Optional[dict]:
 def write_atomic(path: Path, data: bytes) -> None:
     """Writes `data` to a temporary file beside `path`, then renames it into place: a reader sees the old
     file or the new one, never half of one. Raises OSError (the temporary file removed)."""
+    write_file_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def write_file_atomic(path: Path, write: Callable[[str], object]) -> None:
+    """`write(tmp)` fills a temporary file beside `path` (``<name>.<random>.tmp``, created empty), which is then
+    renamed into place: a reader sees the old file or the whole new one. What `write` raises, or an OSError,
+    goes on to the caller, the temporary file removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise

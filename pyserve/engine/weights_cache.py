@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import _engine
-from .user_cache import cache_dir, file_identity
+from .user_cache import cache_dir, file_identity, write_file_atomic
 
 __all__ = ["entry_of", "keep", "keep_in_background", "wait_writes"]
 
@@ -54,22 +54,16 @@ def keep(engine, entry: Optional[Path]) -> str:
     """After a load with packed_weights=entry: "mapped" (the entry served it; marked used), "written" (it
     packed, and the entry now holds its weights) or "packed" (not kept: no cache, small, no room, or a failed
     write, logged)."""
-    if entry is None:
-        return "packed"
-    if engine.packed_from_file:
+    if entry is not None and engine.packed_from_file:
         _touch(entry)
         return "mapped"
-    size = engine.packed_bytes
-    if size < MIN_BYTES or not _room_for(entry.parent, size):
+    if not _worth_writing(engine, entry) or not _room_for(entry.parent, engine.packed_bytes):
         return "packed"
-    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
     try:
-        engine.save_packed_weights(str(tmp))
-        os.replace(tmp, entry)
+        write_file_atomic(entry, engine.save_packed_weights)
         _touch(entry)
     except (OSError, RuntimeError) as e:
         log.warning("cannot keep the packed weights in %s (%s): the next load packs them again", entry, e)
-        _remove(tmp)
         return "packed"
     _prune(entry.parent)
     return "written"
@@ -78,7 +72,7 @@ def keep(engine, entry: Optional[Path]) -> str:
 def keep_in_background(engine, entry: Optional[Path]) -> str:
     """keep() in a thread when it has an entry to write: "mapped", "packed" (nothing to write), or "packed,
     writing the cache" (wait_writes() waits for it)."""
-    if entry is None or engine.packed_from_file or engine.packed_bytes < MIN_BYTES:
+    if not _worth_writing(engine, entry):
         return keep(engine, entry)
     # not a daemon, whatever thread loads (trio's workers are daemons): the interpreter's exit waits for it
     writer = threading.Thread(target=keep, args=(engine, entry), name="pyserve-weights-cache", daemon=False)
@@ -94,6 +88,11 @@ def wait_writes() -> None:
         writers = list(_writers)
     for w in writers:
         w.join()
+
+
+def _worth_writing(engine, entry: Optional[Path]) -> bool:
+    """A cache to write to, weights that were packed (not mapped), and enough of them (MIN_BYTES)."""
+    return entry is not None and not engine.packed_from_file and engine.packed_bytes >= MIN_BYTES
 
 
 def _room_for(folder: Path, size: int) -> bool:
@@ -122,11 +121,7 @@ def _prune(folder: Path) -> None:
     except OSError:
         return
     for p in entries[MAX_ENTRIES:] + stale:
-        _remove(p)
-
-
-def _remove(p: Path) -> None:
-    try:
-        p.unlink()
-    except OSError:
-        pass
+        try:
+            p.unlink()
+        except OSError:
+            pass
