@@ -14,22 +14,29 @@ void SeqRuns::split(const std::vector<int32_t>& slots, int64_t T) {
   first.push_back(T);
 }
 
+std::vector<float> conv_taps_major(const std::vector<float>& w, int64_t C, int64_t K) {
+  std::vector<float> wt(w.size());
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t k = 0; k < K; k++) wt[k * C + c] = w[c * K + k];
+  return wt;
+}
+
 namespace {
 
 constexpr int64_t CHANNELS = 1024;  // channels per work item: a token's slice of x is one long contiguous read
 
 // One run's channels [c0, c0 + n): per token, acc = x·w[K-1] + Σ_k state[k]·w[k] over the channels side by
 // side (each channel's sum in that order); the state shifted one place and x appended; the state copied into
-// the token's snapshot slot where it has one. wt [K][n]: the channels' taps, tap-major.
+// the token's snapshot slot where it has one. wt [K × C]: the taps, tap-major.
 void conv_channels(float* x, int64_t C, int64_t K, const float* wt, int64_t c0, int64_t n, int64_t t0,
                    int64_t t1, float* st, RecurrentStatePool& states, int layer, bool silu,
                    const std::vector<int32_t>& snaps) {
   float acc[CHANNELS];
   for (int64_t t = t0; t < t1; t++) {
     float* xi = &x[t * C + c0];
-    for (int64_t j = 0; j < n; j++) acc[j] = xi[j] * wt[(K - 1) * n + j];
+    for (int64_t j = 0; j < n; j++) acc[j] = xi[j] * wt[(K - 1) * C + c0 + j];
     for (int64_t k = 0; k < K - 1; k++)
-      for (int64_t j = 0; j < n; j++) acc[j] += st[k * C + c0 + j] * wt[k * n + j];
+      for (int64_t j = 0; j < n; j++) acc[j] += st[k * C + c0 + j] * wt[k * C + c0 + j];
     for (int64_t k = 0; k + 1 < K - 1; k++) std::memcpy(&st[k * C + c0], &st[(k + 1) * C + c0], n * sizeof(float));
     if (K > 1) std::memcpy(&st[(K - 2) * C + c0], xi, n * sizeof(float));
     std::memcpy(xi, acc, n * sizeof(float));
@@ -43,17 +50,13 @@ void conv_channels(float* x, int64_t C, int64_t K, const float* wt, int64_t c0, 
 
 }  // namespace
 
-// Per (run, block of CHANNELS channels): the block's taps gathered tap-major, then its tokens in order.
-void causal_conv(ThreadPool& pool, float* x, int64_t C, int64_t K, const float* w, const SeqRuns& runs,
+// Per (run, block of CHANNELS channels): the block's tokens in order.
+void causal_conv(ThreadPool& pool, float* x, int64_t C, int64_t K, const float* wt, const SeqRuns& runs,
                  RecurrentStatePool& states, int layer, bool silu, const std::vector<int32_t>& snaps) {
   const int64_t n_blocks = (C + CHANNELS - 1) / CHANNELS;
   pool.parallel_for(runs.size() * n_blocks, [&](int64_t item) {
     const int64_t r = item / n_blocks, c0 = item % n_blocks * CHANNELS, n = std::min(CHANNELS, C - c0);
-    thread_local std::vector<float> wt;
-    wt.resize((size_t)(K * n));
-    for (int64_t k = 0; k < K; k++)
-      for (int64_t j = 0; j < n; j++) wt[k * n + j] = w[(c0 + j) * K + k];
-    conv_channels(x, C, K, wt.data(), c0, n, runs.first[r], runs.first[r + 1], states.conv(runs.slot[r], layer),
+    conv_channels(x, C, K, wt, c0, n, runs.first[r], runs.first[r + 1], states.conv(runs.slot[r], layer),
                   states, layer, silu, snaps);
   });
 }

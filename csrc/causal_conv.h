@@ -33,11 +33,15 @@ struct StateSlots {
   const std::vector<int32_t>& snapshots;  // or empty: none
 };
 
-// x[T × C] ← the causal conv of width K of x with weights w[C × K] (tap 0 the oldest input, tap K - 1 the
-// token itself), then SiLU where `silu`. Each run's conv state (states.conv(slot, layer): [K - 1][C]) is read
+// The weights of a file's conv ([C × K], each channel's taps side by side) as causal_conv reads them: [K × C],
+// tap-major (a tap's weights for neighbouring channels side by side). Done once at load.
+std::vector<float> conv_taps_major(const std::vector<float>& w, int64_t C, int64_t K);
+
+// x[T × C] ← the causal conv of width K of x with weights wt[K × C] (conv_taps_major: tap 0 the oldest input,
+// tap K - 1 the token itself), then SiLU where `silu`. Each run's conv state (states.conv(slot, layer): [K - 1][C]) is read
 // as the inputs before its first token and left holding its last K - 1 inputs; where snaps[t] >= 0 (snaps
 // [T], or empty: none), slot snaps[t] takes a copy of the state once token t is in. K >= 1.
-void causal_conv(ThreadPool& pool, float* x, int64_t C, int64_t K, const float* w, const SeqRuns& runs,
+void causal_conv(ThreadPool& pool, float* x, int64_t C, int64_t K, const float* wt, const SeqRuns& runs,
                  RecurrentStatePool& states, int layer, bool silu, const std::vector<int32_t>& snaps);
 
 }  // namespace pyserve

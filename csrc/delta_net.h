@@ -45,7 +45,7 @@ struct DeltaNetWeights {
   Weight gate;                 // [value_dim × n_embd] (attn_gate): z
   Weight beta, alpha;          // [n_v_heads × n_embd] (ssm_beta, ssm_alpha)
   Weight out;                  // [n_embd × value_dim] (ssm_out)
-  std::vector<float> conv;     // [conv_dim × d_conv] (ssm_conv1d), tap 0 the oldest input
+  std::vector<float> conv;     // [d_conv × conv_dim] (ssm_conv1d, tap-major: conv_taps_major), tap 0 the oldest
   std::vector<float> dt, a;    // [n_v_heads] (ssm_dt.bias; ssm_a = −exp(A_log))
   std::vector<float> norm;     // [head_v] (ssm_norm)
 };

@@ -17,6 +17,12 @@ struct Panel {
   int width, jv;
 };
 
+// The panel of M that starts at value row jv.
+Panel panel_at(float* M, int head_k, int head_v, int jv) {
+  const int64_t offset = (int64_t)jv * head_k;
+  return Panel{M + offset, offset, std::min(DELTA_PANEL, head_v - jv), jv};
+}
+
 // M's panel columns [j0, j1) after token t, into the run's snapshot of t (if it has one).
 void snapshot(const DeltaRuleRun& r, int64_t t, int head_k, const Panel& pn, int j0, int j1) {
   if (!r.snap || !r.snap[t]) return;
@@ -95,17 +101,17 @@ struct Columns {
       }
     }
   }
-  // m ← m + d · k_t, out = m · q_t; fused with the next token's decay (acc = its m · k) where `next`.
-  void correct(int64_t t, const V* d, V* out, bool next, V* acc) const {
-    const V dt = next ? gate(r.decay, t + 1) : set1(1.f);
-    const float* kn = next ? k(t + 1) : k(t);
+  // m ← m + d · k_t, out = m · q_t; fused with the next token's decay (acc = its m · k) where NEXT.
+  template <bool NEXT>
+  void correct(int64_t t, const V* d, V* out, V* acc) const {
+    const V dt = NEXT ? gate(r.decay, t + 1) : set1(1.f);
     for (int u = 0; u < NV; u++) out[u] = set1(0.f), acc[u] = set1(0.f);
     for (int64_t i = 0; i < head_k; i++) {
-      const V ki = set1(k(t)[i]), qi = set1(q(t)[i]), kni = set1(kn[i]);
+      const V ki = set1(k(t)[i]), qi = set1(q(t)[i]);
       for (int u = 0; u < NV; u++) {
         V x = fma(d[u], ki, load(row(i) + u * W));
         out[u] = fma(x, qi, out[u]);
-        if (next) x = mul(x, dt), acc[u] = fma(x, kni, acc[u]);
+        if constexpr (NEXT) x = mul(x, dt), acc[u] = fma(x, set1(k(t + 1)[i]), acc[u]);
         store(row(i) + u * W, x);
       }
     }
@@ -118,7 +124,8 @@ struct Columns {
       const V beta = gate(r.beta, t);
       for (int u = 0; u < NV; u++) d[u] = mul(beta, sub(load(v + u * W), acc[u]));
       const bool snap = r.snap && r.snap[t], next = t + 1 < n;
-      correct(t, d, out, next && !snap, acc);
+      if (next && !snap) correct<true>(t, d, out, acc);
+      else correct<false>(t, d, out, acc);
       float* o = r.o + t * r.o_stride + pn.jv + j0;
       for (int u = 0; u < NV; u++) store(o + u * W, mul(out[u], set1(scale)));
       if (snap) snapshot(r, t, (int)head_k, pn, j0, j0 + NV * W);
@@ -133,7 +140,7 @@ struct Columns {
 // Each panel in turn over all the run's tokens: its columns in blocks of 4 vectors, then 1, then scalars.
 void delta_rule(const DeltaRuleRun& run, int64_t n, int head_k, int head_v, float scale, float* M) {
   for (int jv = 0; jv < head_v; jv += DELTA_PANEL) {
-    const Panel pn{M + (int64_t)jv * head_k, (int64_t)jv * head_k, std::min(DELTA_PANEL, head_v - jv), jv};
+    const Panel pn = panel_at(M, head_k, head_v, jv);
     int j = 0;
 #if defined(__AVX512F__) || PS_AVX2
     for (; j + 4 * W <= pn.width; j += 4 * W) Columns<4>{run, head_k, pn, j}.run(n, scale);
@@ -145,7 +152,7 @@ void delta_rule(const DeltaRuleRun& run, int64_t n, int head_k, int head_v, floa
 
 void delta_rule_reference(const DeltaRuleRun& run, int64_t n, int head_k, int head_v, float scale, float* M) {
   for (int jv = 0; jv < head_v; jv += DELTA_PANEL) {
-    const Panel pn{M + (int64_t)jv * head_k, (int64_t)jv * head_k, std::min(DELTA_PANEL, head_v - jv), jv};
+    const Panel pn = panel_at(M, head_k, head_v, jv);
     columns_scalar(run, n, head_k, scale, pn, 0, pn.width);
   }
 }

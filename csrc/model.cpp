@@ -195,7 +195,7 @@ void Model::load_delta_net(const std::string& p, DeltaNetWeights& w) {
   w.beta = weight(p + "ssm_beta.weight", E, d.n_v_heads);
   w.alpha = weight(p + "ssm_alpha.weight", E, d.n_v_heads);
   w.out = weight(p + "ssm_out.weight", d.value_dim(), E);
-  w.conv = vec(p + "ssm_conv1d.weight", d.conv_dim() * d.d_conv);
+  w.conv = conv_taps_major(vec(p + "ssm_conv1d.weight", d.conv_dim() * d.d_conv), d.conv_dim(), d.d_conv);
   w.dt = vec(p + "ssm_dt.bias", d.n_v_heads);
   w.a = vec(p + "ssm_a", d.n_v_heads);
   w.norm = vec(p + "ssm_norm.weight", d.head_v);
@@ -206,7 +206,7 @@ void Model::load_short_conv(const std::string& p, ShortConvWeights& w) {
   const int E = hp_.n_embd;
   w.in_proj = weight(p + "shortconv.in_proj.weight", E, 3 * (int64_t)E);
   w.out_proj = weight(p + "shortconv.out_proj.weight", E, E);
-  w.conv = vec(p + "shortconv.conv.weight", (int64_t)E * hp_.sc.l_cache);
+  w.conv = conv_taps_major(vec(p + "shortconv.conv.weight", (int64_t)E * hp_.sc.l_cache), E, hp_.sc.l_cache);
 }
 
 // llama.cpp's get_rope_factors: rope_freqs where the file has them, else LongRoPE's long factors for a

@@ -31,7 +31,7 @@ struct ShortConvParams {
 struct ShortConvWeights {
   Weight in_proj;           // [3·n_embd × n_embd] (shortconv.in_proj): B, C then x rows
   Weight out_proj;          // [n_embd × n_embd] (shortconv.out_proj)
-  std::vector<float> conv;  // [n_embd × l_cache] (shortconv.conv), tap 0 the oldest input
+  std::vector<float> conv;  // [l_cache × n_embd] (shortconv.conv, tap-major: conv_taps_major), tap 0 the oldest
 };
 
 class ShortConv {
