@@ -27,7 +27,7 @@ void online_tile(const AttnHead& a, const float* q, const uint8_t* const* k, con
   scale_scores(a, sc.s.data(), (size_t)G * n);
   for (int h = 0; h < G; h++) {
     float* s = &sc.s[(size_t)h * n];
-    const float mx = std::max(sc.m[h], *std::max_element(s, s + n));
+    const float mx = std::max(sc.m[h], max_of(s, n));
     sc.corr[h] = std::exp(sc.m[h] - mx);  // 0 on the first tile without a sink (m = −inf)
     sc.l[h] = sc.l[h] * sc.corr[h] + exp_shift_sum(s, n, mx);
     sc.m[h] = mx;
@@ -40,24 +40,51 @@ void online_tile(const AttnHead& a, const float* q, const uint8_t* const* k, con
     }
 }
 
-}  // namespace
-
-void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
-                   int lead, int tile, AttnScratch& sc, float* out) {
-  const int G = a.group, hd = a.hd;
+// The running state of one query before its first tile: max −inf (or the sinks), denominator 0, sum 0.
+void online_begin(const AttnHead& a, AttnScratch& sc) {
+  const int G = a.group;
   sc.m.assign(G, -std::numeric_limits<float>::infinity());
   sc.l.assign(G, 0.f);
   sc.corr.resize(G);
   if (a.sinks)  // a sink joins the max and the denominator (exp(sink − sink) = 1) and adds no value
     for (int h = 0; h < G; h++) sc.m[h] = a.sinks[h], sc.l[h] = 1.f;
-  sc.acc.assign((size_t)G * hd, 0.f);
-  grow(sc.tile_out, (size_t)G * hd);
-  for (int j0 = 0, n = std::min(lead, len); j0 < len; j0 += n, n = std::min(tile, len - j0))
-    online_tile(a, q, k + j0, v + j0, n, sc);
-  for (int h = 0; h < G; h++) {
+  sc.acc.assign((size_t)G * a.hd, 0.f);
+  grow(sc.tile_out, (size_t)G * a.hd);
+}
+
+void online_end(const AttnHead& a, const AttnScratch& sc, float* out) {
+  const int hd = a.hd;
+  for (int h = 0; h < a.group; h++) {
     const float inv = 1.0f / sc.l[h];
     for (int i = 0; i < hd; i++) out[(size_t)h * hd + i] = sc.acc[(size_t)h * hd + i] * inv;
   }
+}
+
+}  // namespace
+
+void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
+                   int lead, int tile, AttnScratch& sc, float* out) {
+  online_begin(a, sc);
+  for (int j0 = 0, n = std::min(lead, len); j0 < len; j0 += n, n = std::min(tile, len - j0))
+    online_tile(a, q, k + j0, v + j0, n, sc);
+  online_end(a, sc, out);
+}
+
+// The online queries step through the tiles of the longest one; each takes a tile's rows up to its own
+// length, so its tiles are attend_online's: [0, min(lead, len)), then `tile` rows at a time.
+void attend_run(const AttnHead& a, const QueryRun& r, const uint8_t* const* k, const uint8_t* const* v, int lead,
+                int tile, AttnScratch* sc) {
+  int longest = 0;
+  for (int i = 0; i < r.n; i++) {
+    if (r.len[i] <= kAttnFullRows) attend_ref(a, r.q + i * r.q_stride, k, v, r.len[i], sc[i].s, r.out + i * r.out_stride);
+    else online_begin(a, sc[i]), longest = std::max(longest, r.len[i]);
+  }
+  for (int j0 = 0, n = std::min(lead, longest); j0 < longest; j0 += n, n = std::min(tile, longest - j0))
+    for (int i = 0; i < r.n; i++)
+      if (r.len[i] > kAttnFullRows && r.len[i] > j0)
+        online_tile(a, r.q + i * r.q_stride, k + j0, v + j0, std::min(n, r.len[i] - j0), sc[i]);
+  for (int i = 0; i < r.n; i++)
+    if (r.len[i] > kAttnFullRows) online_end(a, sc[i], r.out + i * r.out_stride);
 }
 
 void attend_ref(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
@@ -69,7 +96,7 @@ void attend_ref(const AttnHead& a, const float* q, const uint8_t* const* k, cons
   float inv[64];  // 1 / softmax denominator per head of the group
   for (int h = 0; h < G; h++) {
     float* s = &sc[(size_t)h * len];
-    float mx = *std::max_element(s, s + len);
+    float mx = max_of(s, len);
     if (a.sinks) mx = std::max(mx, a.sinks[h]);
     inv[h] = 1.0f / (exp_shift_sum(s, len, mx) + (a.sinks ? std::exp(a.sinks[h] - mx) : 0.f));
   }

@@ -43,6 +43,23 @@ void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, c
                    int lead, int tile, AttnScratch& sc, float* out);
 void attend_ref(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
                 std::vector<float>& sc, float* out);
+// Queries of one sequence over the same rows (consecutive positions of a prompt chunk or a draft): query i at
+// q + i · q_stride attends over the first len[i] rows, its output at out + i · out_stride.
+struct QueryRun {
+  const float* q;
+  size_t q_stride;
+  const int* len;  // [n]
+  int n;           // 1 <= n <= kAttnQueryRun
+  float* out;
+  size_t out_stride;
+};
+// Queries per QueryRun: their online states and a K/V tile together stay in L1/L2.
+constexpr int kAttnQueryRun = 8;
+// attend for each query of the run (sc: [n] scratches), bit for bit: the online queries go through the tiles
+// together, so a K/V tile is read from memory once for all of them instead of once each (at 8k keys a query's
+// rows of one KV head are 2 MB: streamed per query, long prefill was bound by the cache's bandwidth).
+void attend_run(const AttnHead& a, const QueryRun& r, const uint8_t* const* k, const uint8_t* const* v, int lead,
+                int tile, AttnScratch* sc);
 // attend_ref for len <= kAttnFullRows (into sc.s), attend_online beyond.
 void attend(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len, int lead,
             int tile, AttnScratch& sc, float* out);

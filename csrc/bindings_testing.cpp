@@ -271,6 +271,25 @@ py::array_t<float> py_attend(const std::string& dtype, f32array q, u8array k, u8
   return out;
 }
 
+// attend_run: queries q [n, group, hd] of one sequence, query i over the first lens[i] of the stored rows k, v
+// -> [n, group, hd]. Each row must be attend's for that query alone (ref up to kAttnFullRows rows, else online).
+py::array_t<float> py_attend_run(const std::string& dtype, f32array q, u8array k, u8array v, const std::vector<int>& lens,
+                                 float scale, int lead, int tile) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  if (q.ndim() != 3) throw std::invalid_argument("q must be 3-D [n, group, hd]");
+  const int n = (int)q.shape(0), G = (int)q.shape(1), hd = (int)q.shape(2);
+  const std::vector<const uint8_t*> kr = kv_rows_of(t, k, hd), vr = kv_rows_of(t, v, hd);
+  bool ok = n >= 1 && n <= kAttnQueryRun && (int)lens.size() == n && kr.size() == vr.size() && lead >= 1 && tile >= 1;
+  for (int l : lens) ok = ok && l >= 1 && l <= (int)kr.size();
+  if (!ok) throw std::invalid_argument("1 <= n <= kAttnQueryRun queries, a length in [1, rows] each; lead, tile >= 1");
+  py::array_t<float> out({(py::ssize_t)n, (py::ssize_t)G, (py::ssize_t)hd});
+  std::vector<AttnScratch> sc(n);
+  const AttnHead a{t, G, hd, scale, 0.f, nullptr};
+  const QueryRun run{q.data(), (size_t)G * hd, lens.data(), n, out.mutable_data(), (size_t)G * hd};
+  attend_run(a, run, kr.data(), vr.data(), lead, tile, sc.data());
+  return out;
+}
+
 // One value head's gated delta rule over n tokens: q, k [n, head_k], v [n, head_v], decay, beta [n], M the
 // state (head_k·head_v floats, delta_rule.h's panels) -> (o [n, head_v], M after, M after each token of snap_at).
 py::tuple py_delta_rule(f32array q, f32array k, f32array v, f32array decay, f32array beta, f32array M, float scale,
@@ -306,6 +325,9 @@ void bind_kv_rows(py::module_& m) {
   m.def("attend", &py_attend, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale") = 1.f,
         py::arg("softcap") = 0.f, py::arg("sinks") = std::vector<float>{}, py::arg("lead") = 16, py::arg("tile") = 128,
         py::arg("impl") = "online");
+  m.def("attend_run", &py_attend_run, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lens"),
+        py::arg("scale") = 1.f, py::arg("lead") = 16, py::arg("tile") = 128);
+  m.def("attn_full_rows", [] { return kAttnFullRows; });
   m.def("kv_row_bytes", [](const std::string& d, int64_t n) { return kv_row_bytes(kv_dtype_from_name(d), n); });
   m.def("kv_write", &py_kv_write, py::arg("dtype"), py::arg("x"), "x [rows, n] f32 -> stored rows [rows, bytes]");
   m.def("kv_read", &py_kv_read, py::arg("dtype"), py::arg("raw"), py::arg("n"), "stored rows -> [rows, n] f32");

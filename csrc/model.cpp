@@ -313,9 +313,10 @@ void add_bias(float* y, const std::vector<float>& b) {
 }  // namespace
 
 // Causal attention of every batch token over its own sequence's K/V, after writing the batch's K/V.
-// A work item is (token, KV head): each cached K/V row is loaded once for all the query heads that share
-// it (GQA); past kAttnFullRows keys a tile of whole blocks at a time (attention.h: online softmax).
-// Items go round-robin to threads, since later tokens of a prompt attend over more positions.
+// A work item is (query run, KV head): a run is up to kAttnQueryRun consecutive tokens of one sequence (one
+// token where the layer has a window: each reads other rows), each cached K/V row is loaded once for all the
+// query heads that share it (GQA) and, tile by tile, for all the run's tokens (attend_run). Items go
+// round-robin to threads, since later tokens of a prompt attend over more positions.
 void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
   const int src = hp_.kv_layer(il), n_kv = hp_.layer_n_head_kv(il);  // src: the layer whose K/V il reads
@@ -331,29 +332,50 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
     kv_write_row(dt, k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
     kv_write_row(dt, v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
   }
-  const int64_t items = (int64_t)T * n_kv;
+  query_runs(b, window > 0 ? 1 : kAttnQueryRun);
+  const int64_t items = (int64_t)(run_first_.size() - 1) * n_kv;
   auto work = [&](int ith, int nth) {
     for (int64_t w = ith; w < items; w += nth) {
-      const int t = (int)(w / n_kv), g = (int)(w % n_kv);
-      const std::vector<int32_t>& tab = *b.tables[t];
-      const int p = b.pos[t], lo = window > 0 ? std::max(0, p - window + 1) : 0, len = p - lo + 1;
-      const float* q = q_.data() + (size_t)t * qd + (size_t)g * group * hd;
-      std::vector<const uint8_t*>& krows = krows_[ith];
-      std::vector<const uint8_t*>& vrows = vrows_[ith];
-      krows.resize(len);
-      vrows.resize(len);
-      for (int j = 0; j < len; j++) {
-        const int blk = tab[(lo + j) / bs], slot = (lo + j) % bs;
-        krows[j] = kv.k(src, blk, slot) + g * head_bytes;
-        vrows[j] = kv.v(src, blk, slot) + g * head_bytes;
-      }
+      const int r = (int)(w / n_kv), g = (int)(w % n_kv), t0 = run_first_[r], n = run_first_[r + 1] - t0;
+      const std::vector<int32_t>& tab = *b.tables[t0];
+      const int last = b.pos[t0 + n - 1], lo = window > 0 ? std::max(0, last - window + 1) : 0;
+      int len[kAttnQueryRun];
+      for (int i = 0; i < n; i++) len[i] = b.pos[t0 + i] - lo + 1;
+      std::vector<const uint8_t*>&krows = krows_[ith], &vrows = vrows_[ith];
+      head_rows(kv, src, tab, lo, last - lo + 1, g * head_bytes, krows, vrows);
       const AttnHead head{dt, group, hd, hp_.attn_scale, hp_.attn_softcap, L.sinks.empty() ? nullptr : &L.sinks[g * group]};
-      attend(head, q, krows.data(), vrows.data(), len, bs - lo % bs, tile, scratch_[ith],
-                    attn_.data() + (size_t)t * qd + (size_t)g * group * hd);
+      const size_t at = (size_t)t0 * qd + (size_t)g * group * hd;
+      const QueryRun run{q_.data() + at, (size_t)qd, len, n, attn_.data() + at, (size_t)qd};
+      attend_run(head, run, krows.data(), vrows.data(), bs - lo % bs, tile, &scratch_[(size_t)ith * kAttnQueryRun]);
     }
   };
   if (items <= 1) work(0, 1);
   else pool.run(work);
+}
+
+// K and V rows [lo, lo + n) of a sequence (block table tab) in layer src, at byte offset `at` of each row (a
+// KV head's part).
+void Model::head_rows(KVCache& kv, int src, const std::vector<int32_t>& tab, int lo, int n, size_t at,
+                      std::vector<const uint8_t*>& krows, std::vector<const uint8_t*>& vrows) {
+  const int bs = kv.block_size();
+  krows.resize(n);
+  vrows.resize(n);
+  for (int j = 0; j < n; j++) {
+    const int blk = tab[(lo + j) / bs], slot = (lo + j) % bs;
+    krows[j] = kv.k(src, blk, slot) + at;
+    vrows[j] = kv.v(src, blk, slot) + at;
+  }
+}
+
+// run_first_ ← where each query run starts, then T: consecutive tokens of one sequence at consecutive
+// positions, at most `most` a run.
+void Model::query_runs(const Batch& b, int most) {
+  run_first_.clear();
+  const int T = (int)b.size();
+  for (int t = 0; t < T; t++)
+    if (t == 0 || t - run_first_.back() == most || b.tables[t] != b.tables[t - 1] || b.pos[t] != b.pos[t - 1] + 1)
+      run_first_.push_back(t);
+  run_first_.push_back(T);
 }
 
 void Model::layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
@@ -527,7 +549,7 @@ void Model::prepare(const Batch& b, ThreadPool& pool) {
   grow(v_, (size_t)T * kvd);
   grow(gate_, (size_t)T * hp_.n_ff);
   grow(up_, (size_t)T * hp_.n_ff);
-  scratch_.resize(pool.size());
+  scratch_.resize((size_t)pool.size() * kAttnQueryRun);
   krows_.resize(pool.size());
   vrows_.resize(pool.size());
 

@@ -138,6 +138,9 @@ class Model {
   void residual_add(float* o, const std::vector<float>& post_norm, float* x) const;
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
   void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);
+  void query_runs(const Batch& b, int most);
+  static void head_rows(KVCache& kv, int src, const std::vector<int32_t>& tab, int lo, int n, size_t at,
+                        std::vector<const uint8_t*>& krows, std::vector<const uint8_t*>& vrows);
   void layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool);
   void v_norm(const float* k, float* v, bool k_as_v, int n_kv, int hd) const;
   void final_norm(const std::vector<int32_t>& rows, std::vector<float>& out) const;  // out[rows × n_embd]
@@ -162,7 +165,8 @@ class Model {
   std::vector<float> moe_in_, router_in_, moe_out_;  // gemma4's MoE layers: [T × n_embd] each
   std::vector<float> rope_cs_;  // [global, local][T][cs_stride()]: cos/sin of each token's position
   int cs_stride() const { return std::max(hp_.rope_dim, hp_.rope_dim_swa); }
-  std::vector<AttnScratch> scratch_;  // per thread: attend's buffers
+  std::vector<AttnScratch> scratch_;  // [threads × kAttnQueryRun]: attend_run's buffers, a query's each
+  std::vector<int> run_first_;        // [runs + 1]: the step's query runs (query_runs), then T
   std::vector<std::vector<const uint8_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended (kv_rows.h)
   ActBuffer act_;
   MoeFfn moe_;

@@ -121,6 +121,22 @@ float exp_shift_sum(float* x, int64_t n, float mx) {
   return sum;
 }
 
+float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  float mx = x[0];
+#if defined(__AVX2__)
+  if (n >= 8) {
+    __m256 m = _mm256_loadu_ps(x);
+    for (i = 8; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    mx = _mm_cvtss_f32(_mm_max_ss(r, _mm_shuffle_ps(r, r, 1)));
+  }
+#endif
+  for (; i < n; i++) mx = std::max(mx, x[i]);
+  return mx;
+}
+
 namespace {
 
 // YaRN's ramp (ggml's rope_yarn_corr_dims / rope_yarn_ramp): the pair at which a frequency turns `turns`

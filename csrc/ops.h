@@ -44,6 +44,8 @@ void silu_mul(float* g, const float* u, int64_t n);
 void silu_inplace(float* x, int64_t n);  // x[i] = SiLU(x[i]), vectorized as silu_mul
 // x[i] = exp(x[i] - mx) for n values; returns their sum (fixed order). Vectorized.
 float exp_shift_sum(float* x, int64_t n, float mx);
+// max(x[0, n)), n >= 1: exact, so the same value whatever the order (the SIMD lanes' maxima, then the tail).
+float max_of(const float* x, int64_t n);
 
 struct RopeParams {
   int head_dim = 0;             // elements per head

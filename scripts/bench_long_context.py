@@ -95,8 +95,10 @@ def main() -> int:
     for _ in range(max(1, min(args.rounds, 5))):
         for d in depths:
             mine[d] = best(mine[d], pyserve_run(args.model, args.threads, d, args.decode, args.kv_cache_dtype))
+            print(f"depth {d}: pyserve {mine[d]}", file=sys.stderr, flush=True)  # a long run's figures so far
             if args.llama_bench:
                 peer[d] = best(peer[d], peer_run(args, d))
+                print(f"depth {d}: llama.cpp {peer[d]}", file=sys.stderr, flush=True)
     print(f"{Path(args.model).name}, {args.threads} threads, KV {args.kv_cache_dtype}, llama.cpp flash attention "
           f"{args.flash_attn}, best of {args.rounds}")
     print("| depth | prefill pyserve / llama.cpp (tok/s) | decode at depth pyserve / llama.cpp (tok/s) |")

@@ -207,6 +207,46 @@ def test_online_softmax_agrees_with_the_full_one(dtype, group, hd, length, lead,
         np.testing.assert_allclose(ref, softmax_attention(q, kf, vf, hd ** -0.5, softcap, sinks), rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lens,lead", [([1020, 1024, 1025, 1026, 1100, 1152, 1153, 1300], 16),
+                                       ([1300, 1029, 1301], 3), ([7], 16), ([1025], 1)])
+def test_a_query_run_is_each_query_alone(dtype, lens, lead):
+    """attend_run (the consecutive tokens of a prompt chunk, a K/V tile read once for all of them) gives each
+    query attend's bits for it alone: the full kernel up to kAttnFullRows keys, the tiled one's tiles beyond,
+    the run's longest query setting none of the others' tiles."""
+    rng = np.random.default_rng(len(lens) + lead)
+    group, hd, tile = 4, 64, 32
+    k, v = T.kv_write(dtype, rows(rng, max(lens), hd)), T.kv_write(dtype, rows(rng, max(lens), hd))
+    q = np.stack([rows(rng, group, hd, scale=0.5) for _ in lens])
+    run = T.attend_run(dtype, q, k, v, lens, hd ** -0.5, lead, tile)
+    for i, n in enumerate(lens):
+        impl = "ref" if n <= T.attn_full_rows() else "online"
+        alone = T.attend(dtype, q[i], k[:n], v[:n], hd ** -0.5, 0.0, [], lead, tile, impl=impl)
+        assert np.array_equal(run[i], alone), (i, n)
+
+
+def test_a_full_attention_model_scores_a_long_prompt_as_it_decodes(tmp_path):
+    """A llama (GQA, attention over the whole context in every layer) past kAttnFullRows: the prompt's rows go
+    through the query runs in chunks that end mid-run, the decoded tokens one at a time; the same logprobs."""
+    path = model_factory.write_test_model(tmp_path / "m.gguf", "llama", n_ctx=2048)
+    llm = LLM(str(path), n_threads=2, max_num_batched_tokens=100, enable_prefix_caching=False)
+    ids = [int(t) for t in np.random.default_rng(3).integers(10, 200, 1090)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    out = llm.generate([{"prompt_token_ids": ids}], params)[0].outputs[0]
+    scored = llm.generate([{"prompt_token_ids": ids + out.token_ids}],
+                          SamplingParams(max_tokens=0, prompt_logprobs=2))[0].prompt_logprobs
+    assert len(out.token_ids) == 12 and scored[len(ids):] == out.logprobs
+
+
+def test_a_query_run_refuses_bad_lengths():
+    rng = np.random.default_rng(0)
+    k = T.kv_write("f16", rows(rng, 10, 32))
+    q = np.zeros((2, 1, 32), np.float32)
+    for lens in ([5], [5, 11], [0, 5]):
+        with pytest.raises(ValueError, match="a length in"):
+            T.attend_run("f16", q, k, k, lens)
+
+
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 def test_past_the_full_kernel_the_tiled_one_keeps_batch_invariance(llm, engines, dtype):
     """Over 1,100 positions the global layers attend through attend_online (kAttnFullRows = 1024): a long
