@@ -60,7 +60,7 @@ def rss_bytes(pid: int) -> int:
 
 
 def memory_check(rss_warm: list[tuple[float, int]], rss: list[tuple[float, int]], final: int,
-                 tolerance: float) -> tuple[dict, str | None]:
+                 tolerance: float, slack_mb: float = 0.0) -> tuple[dict, str | None]:
     """(report entry, failure or None) for the server's resident anonymous memory, sampled every 0.5 s.
 
     The baseline is the sample a third of the way into the measured load, not its start: the allocators'
@@ -70,13 +70,15 @@ def memory_check(rss_warm: list[tuple[float, int]], rss: list[tuple[float, int]]
     while warm-up has stopped, so the growth to `final` (after the load, once the server is idle) is
     bounded by `tolerance` of the baseline. The default, 5% (~27 MB of ~550 MB), is for soaks of minutes,
     whose thousands of requests make a leak of a few KB a request exceed it; tests/test_soak.py's 30 s run
-    passes a tighter bound."""
+    passes a tighter bound. `slack_mb`: growth up to this many MB passes whatever the fraction (the packed
+    weights, mapped from the cache, are file pages: the anonymous baseline is ~200 MB, not ~550, so a fraction
+    alone tightened to a third of the MB it was sized in)."""
     baseline = rss[len(rss) // 3][1]
     growth = (final - baseline) / baseline
     entry = {"warmup_end": mib(rss_warm[-1][1]) if rss_warm else None, "baseline": mib(baseline),
              "peak": mib(max(v for _, v in rss)), "final": mib(final), "growth_pct": round(100 * growth, 2)}
     failure = None
-    if growth > tolerance:
+    if growth > tolerance and mib(final - baseline) > slack_mb:
         failure = (f"resident anonymous memory grew {100 * growth:.1f}% from a third into the load "
                    f"({mib(baseline):.0f} -> {mib(final):.0f} MB)")
     return entry, failure
@@ -420,7 +422,8 @@ def soak(args) -> dict:
         if st.c["finished"] == 0:
             failures.append("no request finished")
         if pid and rss:
-            report["rss_mb"], failure = memory_check(rss_warm, rss, final_rss, args.rss_tolerance)
+            report["rss_mb"], failure = memory_check(rss_warm, rss, final_rss, args.rss_tolerance,
+                                                         args.rss_slack_mb)
             if failure:
                 failures.append(failure)
         report["failures"] = failures
@@ -451,6 +454,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bad", type=float, default=0.1, help="share of bad requests")
     ap.add_argument("--slow", type=float, default=0.05, help="share of slow readers")
     ap.add_argument("--rss-tolerance", type=float, default=0.05)
+    ap.add_argument("--rss-slack-mb", type=float, default=0.0, help="growth of up to this many MB always passes")
     ap.add_argument("--url", default=None, help="a running server (default: start one on 127.0.0.1)")
     ap.add_argument("--pid", type=int, default=None, help="with --url: its pid, for the memory check")
     ap.add_argument("--model", default=None)

@@ -22,7 +22,11 @@ SOAK_SECONDS = float(os.environ.get("PYSERVE_SOAK_SECONDS", "30"))
 # requests; 3.6% over 1080 requests with a deliberate leak of 32 KB a request (Tokenizer.encode wrapped to
 # keep a 32 KB buffer per call). So a 32 KB leak fails once ~170 requests follow the baseline, a 64 KB one
 # once ~90 do; smaller leaks are the long soak's (minutes, thousands of requests, its own 5% default).
+# Since the packed weights are mapped from the cache (file pages) the anonymous baseline is ~200 MB: 1% of it
+# alone would fail a 2 MB allocator wobble (seen once in CI: 198 -> 200 MB), so the bound is the ~5.5 MB it
+# was sized in, whichever is larger.
 RSS_TOLERANCE = 0.01
+RSS_SLACK_MB = 5.5
 
 
 def _env() -> dict:
@@ -36,7 +40,8 @@ def test_soak_short(tmp_path):
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", str(SOAK_SECONDS / 60),
                            "--streams", "16", "--warmup", "10", "--num-kv-blocks", "128", "--seed", "7",
-                           "--rss-tolerance", str(RSS_TOLERANCE), "--json", str(out)],
+                           "--rss-tolerance", str(RSS_TOLERANCE), "--rss-slack-mb", str(RSS_SLACK_MB),
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=SOAK_SECONDS + 240, env=_env())
     print(proc.stdout[-4000:], proc.stderr[-2000:])
     report = json.loads(out.read_text())
@@ -44,7 +49,8 @@ def test_soak_short(tmp_path):
     o = report["outcomes"]
     assert o.get("finished", 0) > 10 and o.get("dropped", 0) > 0 and o.get("bad_refused", 0) > 0, o
     assert report["metrics_after"]["kv_blocks_used"] == 0
-    assert report["rss_mb"]["growth_pct"] <= 100 * RSS_TOLERANCE, report["rss_mb"]  # the check ran
+    rss = report["rss_mb"]  # the check ran
+    assert rss["final"] - rss["baseline"] <= max(RSS_SLACK_MB, rss["baseline"] * RSS_TOLERANCE) + 0.1, rss
     assert report["server_exit"] == 0
     assert "0 kv blocks in use" in report["engine_stopped"]
 
