@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,23 +28,20 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench_startup import free_port  # noqa: E402  (this folder is on the path of a script run from it)
+from pyserve.bench.launch import ServerProcess  # noqa: E402
 CASES = {"idle": (0, 0), "1 hog": (1, 0), "2 hogs": (2, 0), "1 hog nice 5": (1, 5), "2 hogs nice 5": (2, 5)}
 HOG = "while True: pass"
 SERVER_START_S = 120.0
 SEARCH_TIMEOUT_S = 1800.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_health(url: str, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + SERVER_START_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}) before /health answered 200")
+            raise RuntimeError(f"llama-server exited ({proc.returncode}) before /health answered 200")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return
@@ -55,27 +51,38 @@ def wait_health(url: str, proc: subprocess.Popen) -> None:
     raise RuntimeError(f"/health not 200 within {SERVER_START_S:g} s")
 
 
-def start_server(kind: str, args: argparse.Namespace, model: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(os.environ)
-    if kind == "pyserve":
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "pyserve", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--threads", str(args.threads), "--model", model]
-    else:
+class LlamaServer:
+    """llama-server on a free loopback port, ready (/health 200) once made; stop() ends it."""
+
+    def __init__(self, args: argparse.Namespace, model: str):
+        port = free_port()
+        env = dict(os.environ)
         if args.llama_lib:
             env["LD_LIBRARY_PATH"] = args.llama_lib + os.pathsep + env.get("LD_LIBRARY_PATH", "")
         cmd = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
                "-np", "16", "-c", "16384"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_health(url, proc)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    return proc, url
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            wait_health(self.url, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server(kind: str, args: argparse.Namespace, model: str):
+    """A ready server with .url and .stop(): pyserve's own launcher, or llama-server."""
+    if kind == "pyserve":
+        return ServerProcess("--model", model, threads=args.threads).wait_ready(SERVER_START_S)
+    return LlamaServer(args, model)
 
 
 def search(url: str, args: argparse.Namespace) -> dict:
@@ -113,16 +120,11 @@ def summary(result: dict) -> dict:
 
 
 def measure(kind: str, args: argparse.Namespace, model: str, cases: list[str]) -> dict:
-    proc, url = start_server(kind, args, model)
+    server = start_server(kind, args, model)
     try:
-        return {c: summary(with_hogs(*CASES[c], lambda: search(url, args))) for c in cases}
+        return {c: summary(with_hogs(*CASES[c], lambda: search(server.url, args))) for c in cases}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def print_table(rows: dict, cases: list[str]) -> None:
@@ -154,7 +156,6 @@ def main() -> None:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"unknown cases {unknown}; known: {list(CASES)}")
-    sys.path.insert(0, str(ROOT))
     from pyserve.engine.model_source import resolve_model
 
     model = resolve_model(args.model)
