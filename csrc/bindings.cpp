@@ -502,7 +502,8 @@ py::dict engine_stats(Engine& e) {
                   py::arg("step_seconds_sum") = s.step_seconds_sum,
                   py::arg("step_bucket_bounds") = kStepBuckets, py::arg("spec_drafts") = s.spec_drafts,
                   py::arg("spec_draft_tokens") = s.spec_draft_tokens,
-                  py::arg("spec_accepted_tokens") = s.spec_accepted_tokens, py::arg("row_costs") = s.row_costs);
+                  py::arg("spec_accepted_tokens") = s.spec_accepted_tokens, py::arg("mtp_guesses") = s.mtp_guesses,
+                  py::arg("row_costs") = s.row_costs);
 }
 
 // _engine.ContextLengthError(ValueError) with the C++ error's numbers as attributes: max_len, n_prompt,

@@ -535,7 +535,8 @@ void Engine::build_batch(const Schedule& sched) {
       batch_.pos.push_back(p);
       batch_.tables.push_back(&seq->blocks.blocks);
       batch_.slots.push_back(seq->state_slot);
-      batch_.snapshots.push_back(i < (int)seq->draft_slots.size() ? seq->draft_slots[i] : -1);
+      batch_.snapshots.push_back(i < (int)seq->draft_slots.size() ? seq->draft_slots[i]
+                                 : p + 1 == seq->checkpoint_at ? seq->checkpoint_slot : -1);
     }
     const auto [first, end] = seq->rows_to_record(s.n_tokens);
     for (int p = first; p < end; p++) batch_.hidden_rows.push_back(base + p);
@@ -566,17 +567,29 @@ void Engine::draft_by_mtp() {
       const float* h = hidden_.data() + (mtp_hidden0_ + m.row0 + i) * E;
       mtp_target_.insert(mtp_target_.end(), h, h + E);
     }
-    if (n > 0 && m.pos0 + n == (int)d->tokens.size() - 1 && d->sampler) {
+    if (n > 0 && m.pos0 + n == (int)d->tokens.size() - 1 && d->sampler && mtp_guess_worth(*d)) {
       b.logit_rows.push_back((int32_t)b.size() - 1);
       guessing.push_back(d);
     }
   }
   model_->draft_forward(b, mtp_target_.data(), *kv_, *pool_, mtp_logits_);
+  mtp_guesses_ += guessing.size();
   for (size_t r = 0; r < guessing.size(); r++) {
     const float* l = mtp_logits_.data() + r * V;
     guessing[r]->mtp_next = (int32_t)(std::max_element(l, l + V) - l);
     guessing[r]->mtp_at = (int)guessing[r]->tokens.size();
   }
+}
+
+// Whether the MTP layer's guess at d's next token is worth its pass through the output head: whether the
+// scheduler would take a one-row draft for a lone stream at the odds d's DraftPolicy gives next step
+// (Scheduler::draft_rows). Without a guess the layer's K/V rows are still written; as the policy's rejections
+// fade (DraftPolicy::tick) its odds rise and it guesses again.
+bool Engine::mtp_guess_worth(const Sequence& d) const {
+  const RowCosts* costs = scheduler_->row_costs();
+  DraftPolicy next = d.draft_policy;
+  next.tick();
+  return !costs || costs->worth(next.p(), 1.0, 1, 1);
 }
 
 // Before scheduler_->computed: rows_to_record reads n_computed as build_batch did.
@@ -722,6 +735,7 @@ void Engine::snapshot_stats() {
   s.spec_drafts = spec_drafts_;
   s.spec_draft_tokens = spec_draft_tokens_;
   s.spec_accepted_tokens = spec_accepted_tokens_;
+  s.mtp_guesses = mtp_guesses_;
   s.row_costs = row_costs_.seconds;
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = s;

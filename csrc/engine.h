@@ -148,6 +148,7 @@ struct EngineStats {
   double step_seconds_sum = 0.0;
   // speculative decoding: drafts verified, tokens they held, and of those the ones the model agreed with
   uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  uint64_t mtp_guesses = 0;                                   // MTP drafting: guesses made (output-head rows)
   std::vector<double> row_costs;                              // RowCosts::seconds (empty: speculation off)
 };
 
@@ -232,6 +233,7 @@ class Engine {
     int pos0, n, row0;  // positions [pos0, pos0 + n) of this step, at rows [row0, row0 + n) of the forward
   };
   void draft_by_mtp();
+  bool mtp_guess_worth(const Sequence& d) const;
   std::vector<float> scratch_logits(const std::vector<int32_t>& tokens, const std::vector<int32_t>& rows, bool mtp);
   void scratch_mtp(const Batch& target, std::vector<float>& logits);
   std::vector<SampleResult> verify(Sequence* seq, const float* logits) const;
@@ -288,6 +290,7 @@ class Engine {
   std::array<uint64_t, 14> step_buckets_{};  // as EngineStats::step_buckets
   double step_seconds_sum_ = 0.0;
   uint64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;
+  uint64_t mtp_guesses_ = 0;
 };
 
 }  // namespace pyserve

@@ -23,7 +23,8 @@ void Scheduler::release_states(Sequence* seq) {
   states_->release(seq->state_slot);
   for (int s : seq->spare_slots) states_->release(s);
   for (int s : seq->draft_slots) states_->release(s);
-  seq->state_slot = -1;
+  states_->release(seq->checkpoint_slot);
+  seq->state_slot = seq->checkpoint_slot = -1;
   seq->spare_slots.clear();
   seq->draft_slots.clear();
 }
@@ -50,6 +51,11 @@ void Scheduler::preempt(Sequence* seq) {
 void Scheduler::computed(Sequence* seq, int n) {
   seq->n_computed += n;
   blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
+  if (seq->checkpoint_slot >= 0) {  // the state within the step, at the prompt's last full block
+    checkpoint(seq, seq->checkpoint_at, seq->checkpoint_slot);
+    states_->release(seq->checkpoint_slot);
+    seq->checkpoint_slot = -1;
+  }
   if (seq->draft_slots.empty()) checkpoint(seq, seq->n_computed, seq->state_slot);  // else: at its verification
 }
 
@@ -69,12 +75,18 @@ void Scheduler::keep_drafted_state(Sequence* seq, int first, int rows) {
   snaps.clear();
 }
 
-// A hybrid's prompt chunk that would run past its last full block's boundary (short of the last token) stops
-// there, so that the step ends on it and checkpoints the state a repeated prompt can resume from.
-int Scheduler::checkpoint_stop(const Sequence* seq, int start, int n) const {
+// A hybrid's prompt chunk [start, start + n) that runs past its last full block's boundary (short of the last
+// token) checkpoints the state there, the state a repeated prompt can resume from: the forward copies it into a
+// slot of its own mid-step (Sequence::checkpoint_slot). With no slot free the chunk stops at the boundary
+// instead, so that the step ends on it (a second step for the rest: a pass over the weights).
+int Scheduler::checkpoint_within(Sequence* seq, int start, int n) {
   if (!checkpoints_ || n <= 1) return n;
   const int bs = cfg_.block_size, boundary = ((int)seq->tokens.size() - 1) / bs * bs;
-  return start < boundary && start + n > boundary ? boundary - start : n;
+  if (start >= boundary || start + n <= boundary) return n;
+  const int slot = states_->acquire(false);  // overwritten whole by the snapshot
+  if (slot < 0) return boundary - start;
+  seq->checkpoint_slot = slot, seq->checkpoint_at = boundary;
+  return n;
 }
 
 int Scheduler::verified(Sequence* seq) {
@@ -132,9 +144,10 @@ Schedule Scheduler::schedule() {
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; i++) {
     Sequence* seq = running_[i];
-    int n = checkpoint_stop(seq, seq->n_computed, std::min(seq->n_pending(), budget));
+    int n = std::min(seq->n_pending(), budget);
     if (n > 1) n = prefill_take(time, seq, seq->n_computed, n);  // a prompt still being computed
     if (n <= 0) continue;
+    n = checkpoint_within(seq, seq->n_computed, n);
     // Free blocks by preempting the newest running sequences (never one already scheduled).
     bool ok;
     while (!(ok = blocks_.append(seq->blocks, seq->n_computed, seq->n_computed + n, &out.copies)) &&
@@ -165,9 +178,10 @@ Schedule Scheduler::schedule() {
     if (states_)  // a hybrid resumes only where the recurrent state was checkpointed
       prefix.resize(checkpoints_ ? checkpoints_->usable(seq->tokens, (int)prefix.size(), cfg_.block_size) : 0);
     int hit = (int)prefix.size() * cfg_.block_size;
-    int n = checkpoint_stop(seq, hit, std::min((int)seq->tokens.size() - hit, budget));
+    int n = std::min((int)seq->tokens.size() - hit, budget);
     if (n > 1) n = prefill_take(time, seq, hit, n);
     if (n <= 0 || !blocks_.can_allocate(prefix, hit + n) || !take_states(seq, seats(seq))) break;
+    n = checkpoint_within(seq, hit, n);
     waiting_.pop_front();
     blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, cacheable > 0);
     if (hit > 0 && states_) checkpoints_->restore(seq->tokens, hit, *states_, seq->state_slot);

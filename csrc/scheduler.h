@@ -19,8 +19,9 @@
 // decode also takes a slot per drafted row (Sequence::draft_slots; a draft is cut to the slots free), each
 // holding the state after one of the step's rows, and verified() keeps the state after the last accepted row. With
 // state checkpoints (state_checkpoints.h), a prefix-cache hit is cut back to the last block boundary whose state
-// is held, restored into the new slot; a step that ends on a boundary checkpoints it, and a prompt's chunk stops
-// at its last full block's boundary so that a repeated prompt finds one there.
+// is held, restored into the new slot; a step that ends on a boundary checkpoints it, and a prompt's chunk that
+// runs past its last full block's boundary takes a slot for the state there, copied mid-step (or, with none
+// free, stops at the boundary) so that a repeated prompt finds one there.
 //
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
@@ -77,6 +78,7 @@ class Scheduler {
   }
   // Prices drafted rows (null: any that fits the rows, the budget and the target is taken).
   void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }
+  const RowCosts* row_costs() const { return row_costs_; }
   // After the step ran: seq's next n tokens are computed; its newly full blocks enter the prefix cache.
   void computed(Sequence* seq, int n);
   // After a verification, once seq's draws are its tokens (computed(seq, n_tokens - draft size) first): the
@@ -102,7 +104,7 @@ class Scheduler {
   void checkpoint(const Sequence* seq, int n_tokens, int slot);  // at a block boundary: slot's state after n_tokens
   void keep_drafted_state(Sequence* seq, int first, int rows);   // rows from position first on are kept
   bool take_states(Sequence* seq, int n);  // n slots (the first its own) or none when fewer are free
-  int checkpoint_stop(const Sequence* seq, int start, int n) const;  // n, or less to end on the last full block
+  int checkpoint_within(Sequence* seq, int start, int n);  // n, or less to end on the last full block
   // Prompt tokens a step may still take: the time the step target leaves after the decodes.
   struct PrefillBudget {
     bool bounded = false;      // false: no target, or no decodes in the step (the token budget alone)

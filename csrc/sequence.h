@@ -67,6 +67,11 @@ struct Sequence {
   // Taken with the draft's rows (Scheduler::add_drafts), freed at its verification or wherever the sequence's
   // slots are.
   std::vector<int> draft_slots;
+  // A hybrid's prompt chunk that runs past its last full block's boundary: a state slot the forward copies the
+  // state after token checkpoint_at - 1 into (Batch::snapshots), checkpointed there and freed once the step
+  // is computed (Scheduler::checkpoint_within), so the chunk need not stop at the boundary.
+  int checkpoint_slot = -1;
+  int checkpoint_at = 0;
   NgramIndex ngrams;                 // over `tokens`, extended as it grows (built at the first draft)
   // MTP drafting: the MTP layer's guess of the token after the pending one, made when tokens had mtp_at
   // entries (stale once they have more).

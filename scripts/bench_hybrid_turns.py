@@ -1,12 +1,13 @@
-"""A hybrid model's second chat turn: TTFT with the prefix cache (recurrent-state checkpoints) vs without.
+"""A hybrid model's later chat turns: TTFT with the prefix cache (recurrent-state checkpoints) vs without.
 
-    python scripts/bench_hybrid_turns.py [--history 2000] [--threads 2] [--arch qwen35 | --model PATH|default]
+    python scripts/bench_hybrid_turns.py [--history 2000] [--turns 2] [--threads 2] [--arch qwen35 | --model PATH|default]
 
 A random-weight hybrid (tests/model_factory.py, n_embd 256, Q8_0) in the engine, no HTTP: turn 1 is a
---history-token prompt and a 20-token greedy answer; turn 2 is turn 1, its answer and 30 more tokens. Prints each
-turn's time to first token (add → first token) and their ratio, with the prefix cache on and off; the turn-2
-tokens must be the same either way (else exit status 1). --model runs a GGUF file instead (`default`: the
-default model, Gemma 3 270M, whose local layers attend over a sliding window of 512).
+--history-token prompt and a 20-token greedy answer; each later turn is the conversation so far, its last
+answer and 30 more tokens (--turns in all). Prints each turn's time to first token (add → first token) and its
+ratio to turn 1's, with the prefix cache on and off; every turn's tokens must be the same either way (else exit
+status 1). --model runs a GGUF file instead (`default`: the default model, Gemma 3 270M, whose local layers
+attend over a sliding window of 512; or a bench_families file such as the Qwen3.5-2B-like shape).
 """
 from __future__ import annotations
 
@@ -50,25 +51,33 @@ def model_path(args) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--history", type=int, default=2000)
+    ap.add_argument("--turns", type=int, default=2, help="turns of the chat (>= 2)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--arch", default="qwen35", choices=tm.hybrid.ARCHS + tm.lfm2.ARCHS)
     ap.add_argument("--model", default=None, help="a GGUF file (or 'default') instead of a random hybrid")
     args = ap.parse_args()
+    if args.turns < 2:
+        ap.error("--turns must be at least 2")
     path = model_path(args)
     rng = np.random.default_rng(0)
-    turn1, extra = [int(t) for t in rng.integers(0, 256, args.history)], [int(t) for t in rng.integers(0, 256, 30)]
-    seconds = {}
+    turn1 = [int(t) for t in rng.integers(0, 256, args.history)]
+    answers = {}
     for caching in (True, False):
         eng = _engine.Engine(str(path), n_threads=args.threads, enable_prefix_caching=caching,
-                             n_ctx=args.history + 512)
-        a, answer = ttft(eng, "t1", turn1)
-        b, second = ttft(eng, "t2", turn1 + answer + extra)
+                             n_ctx=args.history + 64 * args.turns + 512)
+        chat, firsts, extra = list(turn1), [], np.random.default_rng(1)  # the same new tokens in both runs
+        for turn in range(args.turns):
+            t, answer = ttft(eng, f"t{turn}", chat)
+            firsts.append(t)
+            answers.setdefault(caching, []).append(answer)
+            chat += answer + [int(x) for x in extra.integers(0, 256, 30)]
         s = eng.stats()
-        seconds[caching] = second
-        print(f"prefix cache {'on ' if caching else 'off'}: turn 1 TTFT {a * 1e3:.1f} ms, turn 2 TTFT {b * 1e3:.1f} ms "
-              f"({b / a:.3f}x), {s['prefix_cache_hits']} tokens hit, {s['state_checkpoint_restores']} restores")
-    if seconds[True] != seconds[False]:
-        print("FAIL: turn 2's tokens differ with the prefix cache")
+        print(f"prefix cache {'on ' if caching else 'off'}: TTFT by turn (ms) "
+              + ", ".join(f"{t * 1e3:.1f}" for t in firsts)
+              + f"; turn 2 / turn 1 {firsts[1] / firsts[0]:.3f}x, last / turn 1 {firsts[-1] / firsts[0]:.3f}x; "
+              f"{s['prefix_cache_hits']} tokens hit, {s['state_checkpoint_restores']} restores", flush=True)
+    if answers[True] != answers[False]:
+        print("FAIL: a turn's tokens differ with the prefix cache")
         return 1
     return 0
 

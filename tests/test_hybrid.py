@@ -127,16 +127,42 @@ def test_preemption_recomputes_from_a_fresh_state(path):
     assert eng.stats()["state_slots_used"] == 0
 
 
-def test_a_repeated_prompt_resumes_from_a_state_checkpoint(path):
-    """The first run's prompt chunk stops at its last full block (36 of 40 tokens), whose state is kept; the
-    same prompt again resumes there: 36 tokens hit, the same tokens."""
-    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+def _prompt_steps(eng, prompt: list) -> int:
+    """Steps until the prompt's first token is drawn."""
+    eng.add("p", prompt, GREEDY, 1, True)
+    steps = 0
+    while eng.has_work():
+        eng.step()
+        steps += 1
+    return steps
+
+
+@pytest.mark.parametrize("max_num_seqs", [4, 1])
+def test_a_repeated_prompt_resumes_from_a_state_checkpoint(path, max_num_seqs):
+    """The first run's prompt checkpoints its state at its last full block (36 of 40 tokens); the same prompt
+    again resumes there: 36 tokens hit, the same tokens. With a state slot free the checkpoint is copied within
+    the prompt's one step; with none (one sequence, one slot) the chunk stops at the boundary: two steps."""
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4, max_num_seqs=max_num_seqs)
     prompt = _tokens(40, 80)
-    first = run(eng, {"a": prompt})
-    assert eng.stats()["state_checkpoints"] > 0 and eng.stats()["prefix_cache_hits"] == 0
+    assert _prompt_steps(eng, prompt) == (1 if max_num_seqs > 1 else 2)
+    assert eng.stats()["state_checkpoints"] == 2 and eng.stats()["state_slots_used"] == 0  # at 36 and 40
+    first = run(_engine.Engine(str(path), n_threads=1, block_size=4), {"a": prompt})
     second = run(eng, {"a": prompt})
     s = eng.stats()
     assert first == second and (s["prefix_cache_hits"], s["state_checkpoint_restores"]) == (36, 1)
+
+
+def test_a_checkpoint_within_a_chunk_is_a_boundary_steps_state(path):
+    """The state copied mid-chunk at a prompt's last full block is bit for bit the state a chunk ending there
+    leaves: a run restored from each gives the same tokens and logprobs."""
+    prompt = _tokens(40, 84)
+    out = []
+    for chunk in (64, 36):  # one chunk over the boundary; a chunk that ends on it
+        eng = _engine.Engine(str(path), n_threads=1, block_size=4, max_num_batched_tokens=chunk)
+        run(eng, {"a": prompt[:39] + [prompt[7]]})
+        out.append(run(eng, {"b": prompt}, max_tokens=6, logprobs=True))
+        assert eng.stats()["state_checkpoint_restores"] == 1 and eng.stats()["prefix_cache_hits"] == 36
+    assert out[0] == out[1]
 
 
 def test_a_checkpoint_restore_gives_a_cold_runs_logprobs(path):

@@ -92,6 +92,21 @@ def test_batched_in_chunks_n3_and_preempted_the_same(echo):
     assert on.stats()["preemptions"] > 0 and spec_counts(on)[2] > 0
 
 
+def test_no_guess_where_no_draft_would_be_taken(echo):
+    """Drafts priced (the default): where a second row costs so much that no draft would pay, the MTP layer
+    makes no guesses (no pass through the output head); where it costs nothing it guesses on every decode.
+    The tokens are the same either way."""
+    guesses, outputs = [], []
+    for second_row in (100.0, 1.0):
+        eng = _engine.Engine(str(echo), n_threads=2, **MTP)
+        eng.set_row_costs([0.0, 1.0, second_row])
+        outputs.append(each(lambda: eng, PROMPTS, GREEDY))
+        guesses.append(eng.stats()["mtp_guesses"])
+        assert (spec_counts(eng)[0] > 0) == (second_row == 1.0)
+    assert guesses[0] == 0 and guesses[1] >= len(PROMPTS) * 20
+    assert outputs[0] == outputs[1] == alone(echo, GREEDY)
+
+
 def test_glm_drafts_by_its_nextn_block_the_same(tmp_path):
     path = tm.write_test_model(tmp_path / "glm.gguf", "glm4moe", qtype="Q8_0")
     on = engine(path, True)
