@@ -19,6 +19,7 @@
 #include "attention.h"
 #include "delta_rule.h"
 #include "kv_rows.h"
+#include "machine_limits.h"
 #include "ops.h"
 #include "packed.h"
 #include "packed_amx.h"
@@ -546,6 +547,16 @@ std::tuple<int, int, bool> pool_takeover(int64_t n_chunks, int jobs) {
 void bind_testing(py::module_& m) {
   m.def("pool_chunk_runs", &pool_chunk_runs, py::arg("threads"), py::arg("n_chunks"), py::arg("jobs"));
   m.def("pool_takeover", &pool_takeover, py::arg("n_chunks"), py::arg("jobs"));
+  m.def("read_bandwidth", [](int threads, int64_t mib, int rounds) {
+    py::gil_scoped_release nogil;
+    return read_bandwidth(threads, (size_t)mib << 20, rounds);
+  }, py::arg("threads"), py::arg("mib") = 2048, py::arg("rounds") = 5,
+     "bytes/s the threads read together (machine_limits.h); ValueError under 1 thread, 64 MiB or 1 round");
+  m.def("int8_peak_macs", [](int threads, bool amx) {
+    py::gil_scoped_release nogil;
+    return int8_peak_macs(threads, amx);
+  }, py::arg("threads"), py::arg("amx") = false,
+     "int8 multiply-adds/s in registers: vpdpbusd (256-bit), or AMX TDPBSSD; 0 where this CPU/build has none");
   bind_quant(m);
   bind_kv_rows(m);
   py::class_<PySampler>(m, "Sampler", "the sampler alone, on logits given to it")

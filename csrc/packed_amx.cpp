@@ -345,4 +345,31 @@ void amx_tile(const PackedWeight& p, int64_t g0, int64_t g1, const uint8_t* act,
 #endif
 }
 
+uint64_t amx_peak_loop(int64_t reps) {
+#if PS_AMX
+  load_config(64);  // A tiles 16 × 64 bytes, B tiles 16 rows of 16 × 4 codes
+  alignas(64) static thread_local int8_t a[AMX_COLS * 64], b[16 * AMX_ROWS * 4];
+  alignas(64) static thread_local int32_t c[AMX_COLS * AMX_ROWS];
+  std::memset(a, 1, sizeof(a)), std::memset(b, 1, sizeof(b));
+  _tile_loadd(4, a, 64);
+  _tile_loadd(6, b, AMX_ROWS * 4);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < reps; i++) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 6);
+    _tile_dpbssd(2, 4, 6);
+    _tile_dpbssd(3, 4, 6);
+  }
+  _tile_stored(0, c, AMX_ROWS * 4);  // the products are kept
+  _tile_release();
+  return (uint64_t)reps * 4 * AMX_COLS * AMX_ROWS * 64;
+#else
+  (void)reps;
+  return 0;
+#endif
+}
+
 }  // namespace pyserve

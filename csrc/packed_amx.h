@@ -31,4 +31,9 @@ bool amx_packs(GGMLType t);
 void amx_tile(const PackedWeight& p, int64_t g0, int64_t g1, const uint8_t* act, size_t act_stride, int ncols,
               float* out, size_t out_stride);
 
+// int8 multiply-adds done by the calling thread in `reps` passes of four independent TDPBSSD products of
+// 16 × 16 × 64 (operands in tiles, nothing loaded per pass): the unit's peak (machine_limits.h). 0 in a build
+// without the kernels. Precondition: amx_usable().
+uint64_t amx_peak_loop(int64_t reps);
+
 }  // namespace pyserve

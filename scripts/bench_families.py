@@ -1,6 +1,6 @@
 """The model families at the shapes users run, pyserve beside llama.cpp on the same files, in one run.
 
-    python3 scripts/bench_families.py --llama-bench BIN/llama-bench [--llama-lib DIR] [--families ...] [--rounds 2]
+    python3 scripts/bench_families.py [--llama-bench BIN/llama-bench [--llama-lib DIR]] [--families ...] [--rounds 2]
         [--folder DIR]
 
 Each family's file is written by tests/model_factory.py with random weights (they run at the speed of real
@@ -11,7 +11,11 @@ a tied embedding is), as Q8_0 files are (names ending in q8_0) or, for gpt-oss, 
 Q8_0. pyserve's offline engine (scripts/bench_moe.py's bench: 512-token prefill, one decoded
 stream, 8 streams) and `llama-bench -t N -p 512 -n 64` alternate `--rounds` times; each keeps its best.
 Decode is reported as the weight bytes a token reads (everything but the embedding table unless it is the
-head too, the chosen experts' share of the expert tensors) × tokens/s, against --bandwidth (scripts/bench_bandwidth.py).
+head too, the chosen experts' share of the expert tensors) × tokens/s, against --bandwidth (scripts/bench_bandwidth.py);
+prefill as the weight multiply-adds a prompt token costs (every matrix but the embedding table and the output
+head, which a prompt's last row alone needs; the chosen experts' share) × tokens/s, against the int8 peak of
+the instructions the prefill kernels use (vpdpbusd on 256-bit vectors, and AMX's TDPBSSD where the engine
+uses it), measured at the start (csrc/machine_limits.h). Without --llama-bench the llama.cpp figures are left out.
 --llama-lib puts a folder first on llama-bench's library path: on a CPU with AMX, a libggml-cpu.so built
 without it (ggml's AMX matmul crashes on these files there; docs/BENCHMARKS.md says how it was built).
 """
@@ -93,6 +97,13 @@ def write(folder: str, name: str) -> str:
 def active_bytes(path: str) -> float:
     """Weight bytes one decoded token reads: all tensors but the embedding table (unless it is the head too);
     of the experts' tensors the n_used / n_expert share."""
+    return per_token(path)[0]
+
+
+def per_token(path: str) -> tuple[float, float]:
+    """(weight bytes a decoded token reads, weight multiply-adds a prompt token costs): bytes as active_bytes
+    says; multiply-adds over the matrices but the embedding table and the output head (a prompt needs the
+    head for its last row alone), the experts' by the same share."""
     from gguf import GGUFReader
 
     r = GGUFReader(path)
@@ -101,11 +112,24 @@ def active_bytes(path: str) -> float:
     count = r.fields.get(f"{arch}.expert_count")
     share = float(used.parts[-1][0]) / float(count.parts[-1][0]) if used and count else 1.0
     tied = not any(t.name == "output.weight" for t in r.tensors)
-    total = 0.0
+    read = macs = 0.0
     for t in r.tensors:
+        part = share if "_exps" in t.name else 1.0
         if t.name != "token_embd.weight" or tied:
-            total += t.n_bytes * (share if "_exps" in t.name else 1.0)
-    return total
+            read += t.n_bytes * part
+        if t.name not in ("token_embd.weight", "output.weight") and len(t.shape) >= 2:
+            macs += int(t.n_elements) * part
+    return read, macs
+
+
+def int8_peaks(threads: int) -> dict:
+    """{instruction: multiply-adds/s of `threads` threads}: vpdpbusd, and AMX's TDPBSSD where the engine uses it."""
+    from pyserve._engine import testing
+
+    peaks = {"vpdpbusd": testing.int8_peak_macs(threads)}
+    if testing.simd().get("amx"):
+        peaks["AMX"] = testing.int8_peak_macs(threads, amx=True)
+    return peaks
 
 
 def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
@@ -120,19 +144,22 @@ def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
     return {("prefill_tok_s" if row["n_prompt"] else "decode_tok_s"): row["avg_ts"] for row in rows}
 
 
-def report(name: str, path: str, ours: dict, theirs: dict, bandwidth: float) -> None:
-    per_tok = active_bytes(path)
+def report(name: str, path: str, ours: dict, theirs: dict, bandwidth: float, peaks: dict) -> None:
+    per_tok, macs = per_token(path)
     dec, pre = ours["decode_tok_s"], ours["prefill_tok_s"]
     ld, lp = theirs.get("decode_tok_s", float("nan")), theirs.get("prefill_tok_s", float("nan"))
     print(f"| {name} | {os.path.getsize(path) / 2**20:,.0f} MiB | {per_tok / 2**20:,.0f} MiB | "
           f"{dec:.1f} / {ld:.1f} ({dec / ld:.2f}×) | {dec * per_tok / 1e9:.1f} GB/s "
           f"({100 * dec * per_tok / 1e9 / bandwidth:.0f} %) | {pre:.1f} / {lp:.1f} ({pre / lp:.2f}×) | "
-          f"{ours['batch8_tok_s']:.1f} |", flush=True)
+          f"{pre * macs / 1e9:,.0f} GMAC/s ("
+          + ", ".join(f"{100 * pre * macs / p:.1f} % of {k}" for k, p in peaks.items())
+          + f") | {ours['batch8_tok_s']:.1f} |",
+          flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--llama-bench", required=True, help="llama-bench from ../shared/tools/build_peer.sh")
+    ap.add_argument("--llama-bench", default=None, help="llama-bench from ../shared/tools/build_peer.sh")
     ap.add_argument("--llama-lib", default=None, help="a folder put first on llama-bench's library path")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated names of FAMILIES")
     ap.add_argument("--threads", type=int, default=2)
@@ -144,8 +171,11 @@ def main() -> None:
     if args.bandwidth is None:
         args.bandwidth = read_bandwidth(args.threads, 2048, 5) / 1e9
         print(f"read bandwidth, {args.threads} threads: {args.bandwidth:.1f} GB/s (bench_bandwidth.py)")
+    peaks = int8_peaks(args.threads)
+    print(f"int8 peak, {args.threads} threads: " + ", ".join(f"{k} {p / 1e9:,.0f} GMAC/s" for k, p in peaks.items()))
     print("| family | file | read per token | decode tok/s pyserve / llama.cpp | pyserve read | "
-          "512-token prefill tok/s pyserve / llama.cpp | pyserve 8 streams tok/s |\n|---|---|---|---|---|---|---|")
+          "512-token prefill tok/s pyserve / llama.cpp | pyserve prefill (of the int8 peak) | "
+          "pyserve 8 streams tok/s |\n|---|---|---|---|---|---|---|---|")
     for name in args.families.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             path = write(args.folder or tmp, name)
@@ -153,8 +183,9 @@ def main() -> None:
             theirs: dict = {}
             for _ in range(args.rounds):  # alternate, keep each one's best: load from elsewhere hits both
                 best_of(ours, bench(path, args.threads))
-                best_of(theirs, llama_bench(args.llama_bench, args.llama_lib, path, args.threads))
-            report(name, path, ours, theirs, args.bandwidth)
+                if args.llama_bench:
+                    best_of(theirs, llama_bench(args.llama_bench, args.llama_lib, path, args.threads))
+            report(name, path, ours, theirs, args.bandwidth, peaks)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,9 @@ def main():
         with open(src, "w") as f:
             f.write(DRIVER)
         cmd = [a.cxx, "-std=c++17", "-O3", "-march=native", "-I", os.path.join(ROOT, "csrc"), src,
-               os.path.join(ROOT, "csrc", "quant.cpp"), os.path.join(ROOT, "csrc", "packed.cpp"), "-o", exe]
+               os.path.join(ROOT, "csrc", "quant.cpp"), os.path.join(ROOT, "csrc", "packed.cpp"),
+               # packed.cpp hands 16+ columns to the AMX kernels where the CPU has them (as CMakeLists.txt builds it)
+               "-mamx-tile", "-mamx-int8", os.path.join(ROOT, "csrc", "packed_amx.cpp"), "-o", exe]
         print(" ".join(cmd[:5]) + " ...", file=sys.stderr)
         subprocess.run(cmd, check=True)
         subprocess.run([exe] + (["quick"] if a.quick else []), check=True)
