@@ -144,13 +144,17 @@ def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
     return {("prefill_tok_s" if row["n_prompt"] else "decode_tok_s"): row["avg_ts"] for row in rows}
 
 
+def beside(ours: float, theirs: float | None) -> str:
+    """"ours / theirs (ratio×)", or "ours / —" without a llama.cpp figure."""
+    return f"{ours:.1f} / {theirs:.1f} (**{ours / theirs:.2f}×**)" if theirs else f"{ours:.1f} / —"
+
+
 def report(name: str, path: str, ours: dict, theirs: dict, bandwidth: float, peaks: dict) -> None:
     per_tok, macs = per_token(path)
     dec, pre = ours["decode_tok_s"], ours["prefill_tok_s"]
-    ld, lp = theirs.get("decode_tok_s", float("nan")), theirs.get("prefill_tok_s", float("nan"))
     print(f"| {name} | {os.path.getsize(path) / 2**20:,.0f} MiB | {per_tok / 2**20:,.0f} MiB | "
-          f"{dec:.1f} / {ld:.1f} ({dec / ld:.2f}×) | {dec * per_tok / 1e9:.1f} GB/s "
-          f"({100 * dec * per_tok / 1e9 / bandwidth:.0f} %) | {pre:.1f} / {lp:.1f} ({pre / lp:.2f}×) | "
+          f"{beside(dec, theirs.get('decode_tok_s'))} | {dec * per_tok / 1e9:.1f} GB/s "
+          f"({100 * dec * per_tok / 1e9 / bandwidth:.0f} %) | {beside(pre, theirs.get('prefill_tok_s'))} | "
           f"{pre * macs / 1e9:,.0f} GMAC/s ("
           + ", ".join(f"{100 * pre * macs / p:.1f} % of {k}" for k, p in peaks.items())
           + f") | {ours['batch8_tok_s']:.1f} |",
