@@ -71,6 +71,19 @@ def run_case(engine: str, model: str, threads: int, hogs: int, nice: int) -> dic
             p.wait()
 
 
+def best_cases(engines: list[str], model: str, threads: int, rounds: int) -> dict:
+    """{engine: {case name: figures}}: every case of every engine, alternated `rounds` times, each case's
+    round with the best decode kept."""
+    best: dict = {e: {} for e in engines}
+    for _ in range(rounds):
+        for name, hogs, nice in CASES:
+            for e in engines:
+                r = run_case(e, model, threads, hogs, nice)
+                prev = best[e].get(name)
+                best[e][name] = r if prev is None or r["decode_tok_s"] > prev["decode_tok_s"] else prev
+    return best
+
+
 def report(engine: str, best: dict) -> None:
     idle = best["idle"]
     print(f"{engine}:")
@@ -96,13 +109,7 @@ def main() -> None:
         print(json.dumps(_case(args.one, model, args.threads)))
         return
     engines = ["pyserve"] + (["llama.cpp"] if args.llama_cpp else [])
-    best: dict = {e: {} for e in engines}
-    for _ in range(args.rounds):
-        for name, hogs, nice in CASES:
-            for e in engines:
-                r = run_case(e, model, args.threads, hogs, nice)
-                prev = best[e].get(name)
-                best[e][name] = r if prev is None or r["decode_tok_s"] > prev["decode_tok_s"] else prev
+    best = best_cases(engines, model, args.threads, args.rounds)
     print(f"model {model}, threads {args.threads}, best of {args.rounds} rounds")
     for e in engines:
         report(e, best[e])

@@ -144,6 +144,18 @@ def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
     return {("prefill_tok_s" if row["n_prompt"] else "decode_tok_s"): row["avg_ts"] for row in rows}
 
 
+def side_by_side(path: str, threads: int, rounds: int, binary: str | None, lib: str | None) -> tuple[dict, dict]:
+    """(pyserve's figures, llama-bench's) on `path`, alternated `rounds` times, each one's best kept (load from
+    elsewhere hits both); llama-bench's {} without a binary."""
+    ours: dict = {}
+    theirs: dict = {}
+    for _ in range(rounds):
+        best_of(ours, bench(path, threads))
+        if binary:
+            best_of(theirs, llama_bench(binary, lib, path, threads))
+    return ours, theirs
+
+
 def beside(ours: float, theirs: float | None) -> str:
     """"ours / theirs (ratio×)", or "ours / —" without a llama.cpp figure."""
     return f"{ours:.1f} / {theirs:.1f} (**{ours / theirs:.2f}×**)" if theirs else f"{ours:.1f} / —"
@@ -183,12 +195,7 @@ def main() -> None:
     for name in args.families.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             path = write(args.folder or tmp, name)
-            ours: dict = {}
-            theirs: dict = {}
-            for _ in range(args.rounds):  # alternate, keep each one's best: load from elsewhere hits both
-                best_of(ours, bench(path, args.threads))
-                if args.llama_bench:
-                    best_of(theirs, llama_bench(args.llama_bench, args.llama_lib, path, args.threads))
+            ours, theirs = side_by_side(path, args.threads, args.rounds, args.llama_bench, args.llama_lib)
             report(name, path, ours, theirs, args.bandwidth, peaks)
 
 

@@ -39,8 +39,6 @@ import bench_families as families  # noqa: E402
 import bench_long_context as long_bench  # noqa: E402
 import bench_startup as startup_bench  # noqa: E402
 from bench_bandwidth import read_bandwidth  # noqa: E402
-from bench_engine import best_of  # noqa: E402
-from bench_moe import bench  # noqa: E402
 
 AREAS = ("sizes", "long", "busy", "startup")
 
@@ -71,13 +69,8 @@ def sizes(args) -> None:
     start = limits(args.threads)
     for name in args.families.split(","):
         path = families.write(args.folder, name)
-        ours: dict = {}
-        theirs: dict = {}
-        for _ in range(args.rounds):
-            best_of(ours, bench(path, args.threads))
-            if args.llama_bench:
-                best_of(theirs, families.llama_bench(args.llama_bench, args.llama_lib, path, args.threads))
-        figures[name] = (path, ours, theirs)
+        figures[name] = (path, *families.side_by_side(path, args.threads, args.rounds, args.llama_bench,
+                                                      args.llama_lib))
     bw, peaks = limits(args.threads, start)  # measured again after the runs: the best of both
     for name, (path, ours, theirs) in figures.items():
         read, macs = families.per_token(path)
@@ -105,13 +98,7 @@ def long_context(args) -> None:
 def busy(args) -> None:
     model = default_model()
     engines = ["pyserve"] + (["llama.cpp"] if args.llama_cpp else [])
-    best: dict = {e: {} for e in engines}
-    for _ in range(args.rounds):
-        for name, hogs, nice in busy_bench.CASES:
-            for e in engines:
-                r = busy_bench.run_case(e, model, args.threads, hogs, nice)
-                prev = best[e].get(name)
-                best[e][name] = r if prev is None or r["decode_tok_s"] > prev["decode_tok_s"] else prev
+    best = busy_bench.best_cases(engines, model, args.threads, args.rounds)
     ours, peer = best["pyserve"], best.get("llama.cpp", {})
     for name, _, _ in busy_bench.CASES[1:]:
         for key, label in (("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
@@ -163,7 +150,7 @@ def main() -> None:
     skip = {a for a in args.skip.split(",") if a}
     if skip - set(AREAS):
         ap.error(f"--skip takes {', '.join(AREAS)}")
-    print(f"| area | case | pyserve | llama.cpp | pyserve vs llama.cpp | against its limit |\n|---|---|---:|---:|---:|---|")
+    print("| area | case | pyserve | llama.cpp | pyserve vs llama.cpp | against its limit |\n|---|---|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
         args.folder = args.folder or tmp
         for area, run in (("sizes", sizes), ("long", long_context), ("busy", busy), ("startup", startup)):
