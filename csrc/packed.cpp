@@ -214,6 +214,25 @@ void group_legacy(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t 
 
 // ---- Q4_K / Q5_K: per super-block fma(d·d_a, Σ_j sc_j·Σ q·a, acc) then fma(−dmin·d_a, Σ_j m_j·Σa_j, acc)
 
+// Sub-block j's codes in w and its 8 rows' scales.
+template <class PB>
+inline __m256i kmin_codes(const PB& b, int j, __m256i* w) {
+  dec_sub_k(b, j, w);
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b.sc[j]));
+}
+inline __m256i kmin_sub(const __m256i* w, __m256i sc, const block_q8_K& a, int j) {
+  return _mm256_mullo_epi32(dot32(w, a.qs + 32 * j, _mm256_setzero_si256()), sc);
+}
+// acc + the super-block's scaled sums (tot) less its mins.
+template <class PB>
+inline __m256 kmin_scale(const PB& b, const block_q8_K& a, __m256i tot, __m256 acc) {
+  const __m256 da = _mm256_set1_ps(a.d);
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b.d));
+  const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b.dmin));
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(tot), acc);
+  return _mm256_fnmadd_ps(_mm256_mul_ps(dm, da), _mm256_cvtepi32_ps(mins_term(b, a)), acc);
+}
+
 template <class PB, int NC>
 void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {
   const PB* b = (const PB*)blocks;
@@ -225,26 +244,84 @@ void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
     for (int c = 0; c < NC; c++) tot[c] = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
       __m256i w[8];
-      dec_sub_k(b[i], j, w);
-      const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b[i].sc[j]));
-      for (int c = 0; c < NC; c++) {
-        const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
-        tot[c] = _mm256_add_epi32(tot[c], _mm256_mullo_epi32(dot32(w, a.qs + 32 * j, _mm256_setzero_si256()), sc));
-      }
+      const __m256i sc = kmin_codes(b[i], j, w);
+      for (int c = 0; c < NC; c++)
+        tot[c] = _mm256_add_epi32(tot[c], kmin_sub(w, sc, ((const block_q8_K*)(act + c * stride))[i], j));
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].d));
-    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].dmin));
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
-      const __m256 da = _mm256_set1_ps(a.d);
-      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(tot[c]), acc[c]);
-      acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, da), _mm256_cvtepi32_ps(mins_term(b[i], a)), acc[c]);
-    }
+    for (int c = 0; c < NC; c++) acc[c] = kmin_scale(b[i], ((const block_q8_K*)(act + c * stride))[i], tot[c], acc[c]);
   }
   for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
 }
 
+// Decode's one column takes two groups at once (group_pair): each group's chain is its one-column kernel's,
+// operation for operation (bit-identical), but the two interleave, so that one group's codes are computed on
+// while the other's lines come in — a lone group's kernel alternates the two (docs/BENCHMARKS.md, 2026-12-05:
+// from memory, 2 threads, Q4_K +4-21 %, Q6_K about +10 %, by sitting).
+// One super-block of one column: group_kmin<PB, 1>'s chain (group_pair's step).
+template <class PB>
+inline __m256 kmin_block(const PB& b, const block_q8_K& a, __m256 acc) {
+  __m256i tot = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j++) {
+    __m256i w[8];
+    const __m256i sc = kmin_codes(b, j, w);
+    tot = _mm256_add_epi32(tot, kmin_sub(w, sc, a, j));
+  }
+  return kmin_scale(b, a, tot, acc);
+}
+
+// Two groups × one column over all nb blocks, Step(block, activation block, acc) each block's chain.
+template <class PB, class AB, __m256 (*Step)(const PB&, const AB&, __m256)>
+void group_pair(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, const uint8_t* act, float* out0,
+                float* out1) {
+  const PB* b0 = (const PB*)blocks0;
+  const PB* b1 = (const PB*)blocks1;
+  const AB* a = (const AB*)act;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; i++) {
+    prefetch_weights<1>(b0, nb, i);
+    prefetch_weights<1>(b1, nb, i);
+    acc0 = Step(b0[i], a[i], acc0);
+    acc1 = Step(b1[i], a[i], acc1);
+  }
+  _mm256_storeu_ps(out0, acc0);
+  _mm256_storeu_ps(out1, acc1);
+}
+
 // ---- Q6_K: per super-block fma(d·d_a, Σ_g sc_g·(Σ q·a − 32·Σa_g), acc)
+
+// Group pair p's codes in w (groups 2p: w[0..3], 2p + 1: w[4..7]) and their scales.
+inline void q6_K_codes(const pblock_q6_K& b, int p, __m256i* w, __m256i* sc) {
+  split_nibbles(b.pair[p].q, w);
+  add_high2(b.pair[p].hi, w);
+  sc[0] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)b.sc[2 * p]));
+  sc[1] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)b.sc[2 * p + 1]));
+}
+// Group pair p's scaled sums against one column, 32 subtracted from each code through the block sums.
+inline __m256i q6_K_sub(const __m256i* w, const __m256i* sc, const block_q8_K& a, int p) {
+  const int8_t* x = a.qs + 32 * p;
+  __m256i s0 = dp4_bcast(_mm256_set1_epi32(-32 * a.bsums[2 * p]), w[0], x);
+  __m256i s1 = dp4_bcast(_mm256_set1_epi32(-32 * a.bsums[2 * p + 1]), w[4], x + 16);
+  for (int k = 1; k < 4; k++) {
+    s0 = dp4_bcast(s0, w[k], x + 4 * k);
+    s1 = dp4_bcast(s1, w[k + 4], x + 16 + 4 * k);
+  }
+  return _mm256_add_epi32(_mm256_mullo_epi32(s0, sc[0]), _mm256_mullo_epi32(s1, sc[1]));
+}
+inline __m256 q6_K_scale(const pblock_q6_K& b, const block_q8_K& a, __m256i tot, __m256 acc) {
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b.d));
+  return _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(tot), acc);
+}
+
+// One super-block of one column: group_q6_K<1>'s chain (group_pair's step).
+inline __m256 q6_K_block(const pblock_q6_K& b, const block_q8_K& a, __m256 acc) {
+  __m256i tot = _mm256_setzero_si256();
+  for (int p = 0; p < 8; p++) {
+    __m256i w[8], sc[2];
+    q6_K_codes(b, p, w, sc);
+    tot = _mm256_add_epi32(tot, q6_K_sub(w, sc, a, p));
+  }
+  return q6_K_scale(b, a, tot, acc);
+}
 
 template <int NC>
 void group_q6_K(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t stride, float* out, size_t os) {
@@ -255,29 +332,13 @@ void group_q6_K(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
     prefetch_weights<NC>(b, nb, i);
     __m256i tot[NC];
     for (int c = 0; c < NC; c++) tot[c] = _mm256_setzero_si256();
-    for (int p = 0; p < 8; p++) {  // groups 2p (w[0..3]) and 2p + 1 (w[4..7])
-      __m256i w[8];
-      split_nibbles(b[i].pair[p].q, w);
-      add_high2(b[i].pair[p].hi, w);
-      const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)b[i].sc[2 * p]));
-      const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)b[i].sc[2 * p + 1]));
-      for (int c = 0; c < NC; c++) {
-        const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
-        const int8_t* x = a.qs + 32 * p;
-        __m256i s0 = dp4_bcast(_mm256_set1_epi32(-32 * a.bsums[2 * p]), w[0], x);
-        __m256i s1 = dp4_bcast(_mm256_set1_epi32(-32 * a.bsums[2 * p + 1]), w[4], x + 16);
-        for (int k = 1; k < 4; k++) {
-          s0 = dp4_bcast(s0, w[k], x + 4 * k);
-          s1 = dp4_bcast(s1, w[k + 4], x + 16 + 4 * k);
-        }
-        tot[c] = _mm256_add_epi32(tot[c], _mm256_add_epi32(_mm256_mullo_epi32(s0, sc0), _mm256_mullo_epi32(s1, sc1)));
-      }
+    for (int p = 0; p < 8; p++) {
+      __m256i w[8], sc[2];
+      q6_K_codes(b[i], p, w, sc);
+      for (int c = 0; c < NC; c++)
+        tot[c] = _mm256_add_epi32(tot[c], q6_K_sub(w, sc, ((const block_q8_K*)(act + c * stride))[i], p));
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[i].d));
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K& a = ((const block_q8_K*)(act + c * stride))[i];
-      acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.d)), _mm256_cvtepi32_ps(tot[c]), acc[c]);
-    }
+    for (int c = 0; c < NC; c++) acc[c] = q6_K_scale(b[i], ((const block_q8_K*)(act + c * stride))[i], tot[c], acc[c]);
   }
   for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
 }
@@ -302,6 +363,18 @@ template <int NC> struct KQ6_K { static constexpr GroupFn run = &group_q6_K<NC>;
 
 constexpr Table kQ8_0 = table<KQ8_0>(), kQ5_0 = table<KQ5_0>(), kQ4_0 = table<KQ4_0>();
 constexpr Table kQ4_K = table<KQ4_K>(), kQ5_K = table<KQ5_K>(), kQ6_K = table<KQ6_K>();
+
+using PairFn = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, float*, float*);
+
+// The one-column kernel of two groups at once, where the type has one (else null).
+PairFn pair_fn(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_K: return &group_pair<pblock_q4_K, block_q8_K, kmin_block<pblock_q4_K>>;
+    case GGMLType::Q5_K: return &group_pair<pblock_q5_K, block_q8_K, kmin_block<pblock_q5_K>>;
+    case GGMLType::Q6_K: return &group_pair<pblock_q6_K, block_q8_K, q6_K_block>;
+    default: return nullptr;
+  }
+}
 
 const GroupFn* group_fns(GGMLType t) {
   switch (t) {
@@ -377,6 +450,10 @@ void avx_tile(const PackedWeight& p, int64_t base, int64_t g0, int64_t g1, const
 #if PS_AVX2
   const GroupFn* fns = group_fns(p.type);
   const int64_t nb = p.n_in / type_traits((uint32_t)p.type)->block_size;
+  const PairFn pair = c1 - c0 == 1 ? pair_fn(p.type) : nullptr;
+  for (; pair && g0 + 1 < g1; g0 += 2)  // decode: groups two at a time
+    pair(p.group(g0), p.group(g0 + 1), nb, act + c0 * act_stride, out + c0 * out_stride + (g0 - base) * PACK_ROWS,
+         out + c0 * out_stride + (g0 + 1 - base) * PACK_ROWS);
   for (int64_t g = g0; g < g1; g++)
     for (int c = c0; c < c1; c += MAX_COLS) {
       const int nc = std::min(MAX_COLS, c1 - c);

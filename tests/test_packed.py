@@ -50,7 +50,7 @@ def test_other_types_are_not_packed_and_match_the_tiles(t):
 
 
 @pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_rows", [8, 37, 64])
+@pytest.mark.parametrize("n_rows", [8, 24, 37, 64])  # 24: a pair of groups and one alone (decode takes two at a time)
 def test_packed_equals_the_scalar_reference_bit_for_bit(t, n_rows):
     """Random raw blocks: every code (Q8_0's −128 too), fp16 scales over decades, zero and subnormal ones."""
     rng = np.random.default_rng(1000 * int(t) + n_rows)
