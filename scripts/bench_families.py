@@ -144,6 +144,11 @@ def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
     return {("prefill_tok_s" if row["n_prompt"] else "decode_tok_s"): row["avg_ts"] for row in rows}
 
 
+def peak_shares(macs_per_s: float, peaks: dict) -> str:
+    """What share of each int8 peak (int8_peaks) a rate of multiply-adds is."""
+    return ", ".join(f"{100 * macs_per_s / p:.1f} % of {k}'s {p / 1e9:,.0f} GMAC/s" for k, p in peaks.items())
+
+
 def side_by_side(path: str, threads: int, rounds: int, binary: str | None, lib: str | None) -> tuple[dict, dict]:
     """(pyserve's figures, llama-bench's) on `path`, alternated `rounds` times, each one's best kept (load from
     elsewhere hits both); llama-bench's {} without a binary."""
@@ -167,9 +172,7 @@ def report(name: str, path: str, ours: dict, theirs: dict, bandwidth: float, pea
     print(f"| {name} | {os.path.getsize(path) / 2**20:,.0f} MiB | {per_tok / 2**20:,.0f} MiB | "
           f"{beside(dec, theirs.get('decode_tok_s'))} | {dec * per_tok / 1e9:.1f} GB/s "
           f"({100 * dec * per_tok / 1e9 / bandwidth:.0f} %) | {beside(pre, theirs.get('prefill_tok_s'))} | "
-          f"{pre * macs / 1e9:,.0f} GMAC/s ("
-          + ", ".join(f"{100 * pre * macs / p:.1f} % of {k}" for k, p in peaks.items())
-          + f") | {ours['batch8_tok_s']:.1f} |",
+          f"{pre * macs / 1e9:,.0f} GMAC/s ({peak_shares(pre * macs, peaks)}) | {ours['batch8_tok_s']:.1f} |",
           flush=True)
 
 

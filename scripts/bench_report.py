@@ -23,7 +23,6 @@ With --rounds R the sizes and busy figures are the best of R alternations.
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import statistics
 import sys
@@ -78,8 +77,7 @@ def sizes(args) -> None:
         row("sizes", f"{name}: decode", dec, theirs.get("decode_tok_s"),
             f"{100 * dec * read / bw:.0f} % of the {bw / 1e9:.1f} GB/s read bandwidth", "tok/s")
         row("sizes", f"{name}: 512-token prefill", pre, theirs.get("prefill_tok_s"),
-            ", ".join(f"{100 * pre * macs / p:.1f} % of {k}'s {p / 1e9:,.0f} GMAC/s" for k, p in peaks.items()),
-            "tok/s")
+            families.peak_shares(pre * macs, peaks), "tok/s")
 
 
 def long_context(args) -> None:
@@ -111,19 +109,12 @@ def busy(args) -> None:
 
 
 def startup(args) -> None:
-    model = default_model()
-    ns = SimpleNamespace(threads=args.threads, model=None, timeout=120.0, llama_server=args.llama_server,
-                         llama_lib=args.llama_lib)
-    compileall.compile_dir(os.path.join(HERE, "..", "pyserve"), quiet=1)  # as an installed server has it
-    ours, theirs = [], []
-    with tempfile.TemporaryDirectory(prefix="pyserve-cache-") as cache:
-        startup_bench.one_start(ns, cache, [])  # fills the cache; not reported
-        for _ in range(args.startup_runs):
-            ours.append(startup_bench.one_start(ns, cache, [])["health 200"])
-            if args.llama_server:
-                theirs.append(startup_bench.peer_start(ns, model)["health 200"])
-    row("start-up", "the default model: /health 200", statistics.median(ours),
-        statistics.median(theirs) if theirs else None, "≤ 0.5 s", "s", lower_is_better=True)
+    ns = SimpleNamespace(threads=args.threads, model=None, timeout=120.0, cold=False,
+                         llama_server=args.llama_server, llama_lib=args.llama_lib)
+    ours, theirs = startup_bench.measured_starts(ns, args.startup_runs, [])
+    row("start-up", "the default model: /health 200", statistics.median(r["health 200"] for r in ours),
+        statistics.median(r["health 200"] for r in theirs) if theirs else None, "≤ 0.5 s", "s",
+        lower_is_better=True)
 
 
 def default_model() -> str:

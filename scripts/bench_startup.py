@@ -169,22 +169,10 @@ def profile(args) -> None:
             pstats.Stats(pr).sort_stats("tottime").print_stats(12)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=5, help=f"starts measured (at most {MAX_RUNS})")
-    ap.add_argument("--model", help="a GGUF path (default: the default model)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cold", action="store_true", help="an empty pyserve cache folder for every start")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a start may take")
-    ap.add_argument("--profile", action="store_true", help="cProfile the load's phases in this process")
-    ap.add_argument("--llama-server", help="also start this llama-server binary on the same file, alternating")
-    ap.add_argument("--llama-lib", help="LD_LIBRARY_PATH for it (a build's bin folder)")
-    args, extra = ap.parse_known_args()
-    extra = [a for a in extra if a != "--"]
-    if args.profile:
-        profile(args)
-        return 0
-    runs = max(1, min(args.runs, MAX_RUNS))
+def measured_starts(args, runs: int, extra: list[str]) -> tuple[list[dict], list[dict]]:
+    """`runs` starts of pyserve (one_start's rows), each followed by llama-server's (peer_start's) when
+    args.llama_server is set; the tree byte-compiled first and, unless args.cold, a first unreported start
+    filling the shared cache folder."""
     compileall.compile_dir(str(ROOT / "pyserve"), quiet=1)
     rows, peer = [], []
     model = args.model
@@ -201,6 +189,26 @@ def main() -> int:
                 rows.append(one_start(args, fresh if args.cold else shared, extra))
             if args.llama_server:
                 peer.append(peer_start(args, model))
+    return rows, peer
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5, help=f"starts measured (at most {MAX_RUNS})")
+    ap.add_argument("--model", help="a GGUF path (default: the default model)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cold", action="store_true", help="an empty pyserve cache folder for every start")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a start may take")
+    ap.add_argument("--profile", action="store_true", help="cProfile the load's phases in this process")
+    ap.add_argument("--llama-server", help="also start this llama-server binary on the same file, alternating")
+    ap.add_argument("--llama-lib", help="LD_LIBRARY_PATH for it (a build's bin folder)")
+    args, extra = ap.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    if args.profile:
+        profile(args)
+        return 0
+    runs = max(1, min(args.runs, MAX_RUNS))
+    rows, peer = measured_starts(args, runs, extra)
     print(f"`pyserve serve` to /health 200, {'cold' if args.cold else 'warm'} cache, "
           f"{args.model or 'the default model'}, --threads {args.threads}, {runs} runs")
     print(table(rows))
