@@ -214,14 +214,40 @@ void group_legacy(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t 
 
 // ---- Q4_K / Q5_K: per super-block fma(d·d_a, Σ_j sc_j·Σ q·a, acc) then fma(−dmin·d_a, Σ_j m_j·Σa_j, acc)
 
-// Sub-block j's codes in w and its 8 rows' scales.
+// Q4_K with VNNI keeps each high nibble in place (16 · code: one AND, no shift), its sum shifted back
+// once per sub-block (exact: every term is a multiple of 16); maddubs' int16 pairs would saturate on it.
+constexpr bool HIGH_IN_PLACE = PS_VNNI != 0;
+
+// Sub-block j's codes in w and its 8 rows' scales (zero-extended: the int16 pairs (sc, 0) of dp2).
 template <class PB>
 inline __m256i kmin_codes(const PB& b, int j, __m256i* w) {
-  dec_sub_k(b, j, w);
+  if constexpr (std::is_same_v<PB, pblock_q4_K> && HIGH_IN_PLACE) {
+    const __m256i lo = _mm256_set1_epi8(0x0F), hi = _mm256_set1_epi8((char)0xF0);
+    for (int k = 0; k < 4; k++) {
+      const __m256i v = load256(b.q[j] + 32 * k);
+      w[k] = _mm256_and_si256(v, lo);
+      w[k + 4] = _mm256_and_si256(v, hi);
+    }
+  } else {
+    dec_sub_k(b, j, w);
+  }
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)b.sc[j]));
 }
-inline __m256i kmin_sub(const __m256i* w, __m256i sc, const block_q8_K& a, int j) {
-  return _mm256_mullo_epi32(dot32(w, a.qs + 32 * j, _mm256_setzero_si256()), sc);
+// tot + sub-block j's sums times the rows' scales. Q4_K's halves (16 codes of 0..15 against |a| <= 128:
+// |sum| <= 30,720) fit the int16 that dp2 multiplies, one instruction each; Q5_K's (codes to 31) do not.
+template <class PB>
+inline __m256i kmin_sub(const __m256i* w, __m256i sc, const block_q8_K& a, int j, __m256i tot) {
+  const int8_t* x = a.qs + 32 * j;
+  if constexpr (std::is_same_v<PB, pblock_q4_K>) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+      lo = dp4_bcast(lo, w[k], x + 4 * k);
+      hi = dp4_bcast(hi, w[k + 4], x + 16 + 4 * k);
+    }
+    return dp2(dp2(tot, lo, sc), HIGH_IN_PLACE ? _mm256_srai_epi32(hi, 4) : hi, sc);
+  } else {
+    return _mm256_add_epi32(tot, _mm256_mullo_epi32(dot32(w, x, _mm256_setzero_si256()), sc));
+  }
 }
 // acc + the super-block's scaled sums (tot) less its mins.
 template <class PB>
@@ -246,12 +272,23 @@ void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
       __m256i w[8];
       const __m256i sc = kmin_codes(b[i], j, w);
       for (int c = 0; c < NC; c++)
-        tot[c] = _mm256_add_epi32(tot[c], kmin_sub(w, sc, ((const block_q8_K*)(act + c * stride))[i], j));
+        tot[c] = kmin_sub<PB>(w, sc, ((const block_q8_K*)(act + c * stride))[i], j, tot[c]);
     }
     for (int c = 0; c < NC; c++) acc[c] = kmin_scale(b[i], ((const block_q8_K*)(act + c * stride))[i], tot[c], acc[c]);
   }
   for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
 }
+
+// Decode's prefetch of a block PREFETCH_AHEAD bytes ahead, issued an eighth at a time through the chain of
+// the block before it rather than all at once: a burst of 20-27 prefetches fills the core's line-fill
+// buffers and stalls the arithmetic behind it (the stalls showed in `perf` on the prefetch instructions).
+struct SpreadPrefetch {
+  const char* p;
+  size_t lines;
+  void part(int j) const {
+    for (size_t l = lines * j / 8; l < lines * (j + 1) / 8; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+  }
+};
 
 // Decode's one column takes two groups at once (group_pair): each group's chain is its one-column kernel's,
 // operation for operation (bit-identical), but the two interleave, so that one group's codes are computed on
@@ -259,18 +296,19 @@ void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
 // from memory, 2 threads, Q4_K +4-21 %, Q6_K about +10 %, by sitting).
 // One super-block of one column: group_kmin<PB, 1>'s chain (group_pair's step).
 template <class PB>
-inline __m256 kmin_block(const PB& b, const block_q8_K& a, __m256 acc) {
+inline __m256 kmin_block(const PB& b, const block_q8_K& a, __m256 acc, const SpreadPrefetch& pf) {
   __m256i tot = _mm256_setzero_si256();
   for (int j = 0; j < 8; j++) {
+    pf.part(j);
     __m256i w[8];
     const __m256i sc = kmin_codes(b, j, w);
-    tot = _mm256_add_epi32(tot, kmin_sub(w, sc, a, j));
+    tot = kmin_sub<PB>(w, sc, a, j, tot);
   }
   return kmin_scale(b, a, tot, acc);
 }
 
 // Two groups × one column over all nb blocks, Step(block, activation block, acc) each block's chain.
-template <class PB, class AB, __m256 (*Step)(const PB&, const AB&, __m256)>
+template <class PB, class AB, __m256 (*Step)(const PB&, const AB&, __m256, const SpreadPrefetch&)>
 void group_pair(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, const uint8_t* act, float* out0,
                 float* out1) {
   const PB* b0 = (const PB*)blocks0;
@@ -278,10 +316,9 @@ void group_pair(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, cons
   const AB* a = (const AB*)act;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; i++) {
-    prefetch_weights<1>(b0, nb, i);
-    prefetch_weights<1>(b1, nb, i);
-    acc0 = Step(b0[i], a[i], acc0);
-    acc1 = Step(b1[i], a[i], acc1);
+    constexpr size_t lines = (sizeof(PB) + 63) / 64;
+    acc0 = Step(b0[i], a[i], acc0, {(const char*)(b0 + i) + PREFETCH_AHEAD, lines});
+    acc1 = Step(b1[i], a[i], acc1, {(const char*)(b1 + i) + PREFETCH_AHEAD, lines});
   }
   _mm256_storeu_ps(out0, acc0);
   _mm256_storeu_ps(out1, acc1);
@@ -313,9 +350,10 @@ inline __m256 q6_K_scale(const pblock_q6_K& b, const block_q8_K& a, __m256i tot,
 }
 
 // One super-block of one column: group_q6_K<1>'s chain (group_pair's step).
-inline __m256 q6_K_block(const pblock_q6_K& b, const block_q8_K& a, __m256 acc) {
+inline __m256 q6_K_block(const pblock_q6_K& b, const block_q8_K& a, __m256 acc, const SpreadPrefetch& pf) {
   __m256i tot = _mm256_setzero_si256();
   for (int p = 0; p < 8; p++) {
+    pf.part(p);
     __m256i w[8], sc[2];
     q6_K_codes(b, p, w, sc);
     tot = _mm256_add_epi32(tot, q6_K_sub(w, sc, a, p));

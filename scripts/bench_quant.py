@@ -3,11 +3,12 @@ reference and of the engine's path (the packed kernels of packed.h for Q4_0 … 
 kernels for the other types) at 1 and 32 columns, then the packed matmul in GMAC/s per thread at 1 / 8 /
 16 columns against the scalar reference, a 4096-wide matrix-vector product streamed from memory for Q4_K
 and the 4-bit-and-smaller per-row types (GB/s of weight bytes), one packed Q8_0 matrix-vector product, and
-(without --quick) Q4_K and Q6_K decode products over 1.4-2 GB of packed weights with 2 threads.
+(without --quick) Q4_K and Q6_K decode products over 1.4-2 GB of packed weights with 2 threads, which
+--stream runs alone (--repeat N times, to set one build's kernels beside another's).
 
 The Python bindings quantize the activation on every call, which would swamp a 100 ns kernel, so this
 script compiles a small C++ driver against csrc/quant.cpp (same flags as the engine: -O3 -march=native)
-and prints its figures. Usage:  python3 scripts/bench_quant.py [--cxx g++] [--quick]
+and prints its figures. Usage:  python3 scripts/bench_quant.py [--cxx g++] [--quick | --stream [--repeat N]]
 """
 import argparse
 import os
@@ -102,7 +103,41 @@ struct Rows {
   }
 };
 
+// Decode at size: the packed one-column product streamed from memory by 2 threads (each half of the
+// groups), over three 393,216 x 2,048 matrices of a type (1.4 GB of Q4_K, 2 GB of Q6_K: past even a 300 MB
+// L3, which the 4096-row figures above are not), the best of 5 passes, GB/s of packed weight bytes.
+static void stream_section() {
+  if (packable(GGMLType::Q4_K)) {
+    std::printf("\npacked matrix-vector streamed from memory, 2 threads, 3 x 393216 x 2048\n");
+    for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+      std::vector<std::unique_ptr<Rows>> ws;
+      for (int m = 0; m < 3; m++) {
+        ws.push_back(std::make_unique<Rows>(t, 2048, 393216));
+        std::vector<uint8_t>().swap(ws.back()->raw);  // the engine hands the file's pages back once packed
+      }
+      const auto act = ws[0]->activations(1);
+      std::vector<float> out(393216);
+      const PackedWeight& p0 = *ws[0]->packed;
+      const double bytes = 3.0 * p0.n_groups * p0.group_bytes;
+      double best = 1e30;
+      for (int pass = 0; pass < 5; pass++) {
+        auto t0 = clk::now();
+        for (auto& w : ws) {
+          const PackedWeight& p = *w->packed;
+          const int64_t half = p.n_groups / 2;
+          std::thread other([&] { packed_tile(p, half, p.n_groups, act.data(), 0, 1, out.data() + 8 * half, 0); });
+          packed_tile(p, 0, half, act.data(), 0, 1, out.data(), 0);
+          other.join();
+        }
+        best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
+      }
+      std::printf("%-5s %8.1f GB/s\n", type_traits((uint32_t)t)->name, bytes / best / 1e9);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "stream") == 0) return stream_section(), 0;
   bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
   const double ms = quick ? 0.03 : 0.15;
   struct T { GGMLType t; const char* name; };
@@ -179,36 +214,7 @@ int main(int argc, char** argv) {
     std::printf("\nQ8_0 %lldx%lld packed matrix-vector (1 thread, from DRAM): %.2f ms, %.1f ns/row, %.1f GB/s\n",
                 (long long)rows, (long long)n, t / 1e6, t / rows, rows * w.rs / t);
   }
-  // Decode at size: the packed one-column product streamed from memory by 2 threads (each half of the
-  // groups), over three 393,216 x 2,048 matrices of a type (1.4 GB of Q4_K, 2 GB of Q6_K: past even a 300 MB
-  // L3, which the 4096-row figures above are not), the best of 5 passes, GB/s of packed weight bytes.
-  if (!quick && packable(GGMLType::Q4_K)) {
-    std::printf("\npacked matrix-vector streamed from memory, 2 threads, 3 x 393216 x 2048\n");
-    for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
-      std::vector<std::unique_ptr<Rows>> ws;
-      for (int m = 0; m < 3; m++) {
-        ws.push_back(std::make_unique<Rows>(t, 2048, 393216));
-        std::vector<uint8_t>().swap(ws.back()->raw);  // the engine hands the file's pages back once packed
-      }
-      const auto act = ws[0]->activations(1);
-      std::vector<float> out(393216);
-      const PackedWeight& p0 = *ws[0]->packed;
-      const double bytes = 3.0 * p0.n_groups * p0.group_bytes;
-      double best = 1e30;
-      for (int pass = 0; pass < 5; pass++) {
-        auto t0 = clk::now();
-        for (auto& w : ws) {
-          const PackedWeight& p = *w->packed;
-          const int64_t half = p.n_groups / 2;
-          std::thread other([&] { packed_tile(p, half, p.n_groups, act.data(), 0, 1, out.data() + 8 * half, 0); });
-          packed_tile(p, 0, half, act.data(), 0, 1, out.data(), 0);
-          other.join();
-        }
-        best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
-      }
-      std::printf("%-5s %8.1f GB/s\n", type_traits((uint32_t)t)->name, bytes / best / 1e9);
-    }
-  }
+  if (!quick) stream_section();
   return (int)sink * 0;
 }
 """
@@ -218,6 +224,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     ap.add_argument("--quick", action="store_true", help="shorter timings")
+    ap.add_argument("--stream", action="store_true", help="only the 2-thread decode products streamed from memory")
+    ap.add_argument("--repeat", type=int, default=1, help="with --stream: runs of it, one after another")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = os.path.join(tmp, "bench.cpp"), os.path.join(tmp, "bench")
@@ -229,7 +237,9 @@ def main():
                "-mamx-tile", "-mamx-int8", os.path.join(ROOT, "csrc", "packed_amx.cpp"), "-o", exe]
         print(" ".join(cmd[:5]) + " ...", file=sys.stderr)
         subprocess.run(cmd, check=True)
-        subprocess.run([exe] + (["quick"] if a.quick else []), check=True)
+        mode = ["stream"] if a.stream else ["quick"] if a.quick else []
+        for _ in range(a.repeat if a.stream else 1):
+            subprocess.run([exe] + mode, check=True)
 
 
 if __name__ == "__main__":
