@@ -38,6 +38,7 @@ import model_factory as tm  # noqa: E402
 from bench_bandwidth import read_bandwidth  # noqa: E402
 from bench_engine import best_of  # noqa: E402
 from bench_moe import bench  # noqa: E402
+from gguf_repeat_layers import repeat_layers  # noqa: E402
 
 Q4_K_M = {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_down_exps": "Q6_K", "output": "Q6_K"}
 Q4_K_M_TIED = {**Q4_K_M, "token_embd": "Q6_K"}  # a tied head is quantized as the output (llama-quant.cpp)
@@ -52,6 +53,9 @@ class Family(NamedTuple):
     moe: dict | None = None
     vocab: str = "qwen2"  # tests/data/vocab's: its size sets the embedding's and the head's rows
     tied: bool = False    # the head is the embedding table (Llama-3.2-1B and Qwen3-4B are)
+    # Layers the factory writes, repeated to dims' n_layer by gguf_repeat_layers.py: a file the factory cannot
+    # hold whole in memory (a whole Qwen3-4B was killed for memory on a 24 GB machine). None: written whole.
+    written_layers: int | None = None
 
 
 LLAMA_1B = dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192)
@@ -73,10 +77,10 @@ FAMILIES = {
                                            {"n_expert": 32, "n_used": 4, "n_ff": 2880}),
     "qwen3.5-2b-like": Family("qwen35", Q4_K_M, QWEN35_2B),
     "llama-3.2-1b": Family("llama", Q4_K_M_TIED, LLAMA_1B, vocab="llama-bpe", tied=True),
-    "qwen3-4b": Family("qwen3", Q4_K_M_TIED, QWEN3_4B, tied=True),
+    "qwen3-4b": Family("qwen3", Q4_K_M_TIED, QWEN3_4B, tied=True, written_layers=6),
     "llama-3.2-1b q8_0": Family("llama", Q8_0, LLAMA_1B, vocab="llama-bpe", tied=True),
     "qwen3-1.7b q8_0": Family("qwen3", Q8_0, QWEN3_1_7B),
-    "qwen3-4b q8_0": Family("qwen3", Q8_0, QWEN3_4B, tied=True),
+    "qwen3-4b q8_0": Family("qwen3", Q8_0, QWEN3_4B, tied=True, written_layers=6),
     "qwen3.5-2b-like q8_0": Family("qwen35", Q8_0, QWEN35_2B),
     "qwen3.6-35b-a3b (4 of 40 layers)": Family("qwen35moe", Q4_K_M, QWEN36_35B, QWEN36_MOE),
     "qwen3.6-35b-a3b q8_0 (4 of 40 layers)": Family("qwen35moe", Q8_0, QWEN36_35B, QWEN36_MOE),
@@ -89,8 +93,13 @@ def write(folder: str, name: str) -> str:
     path = os.path.join(folder, re.sub(r"[^\w.-]+", "_", name.split(" (")[0]) + ".gguf")
     if os.path.exists(path):
         return path
-    tm.write_test_model(path, f.arch, qtype=f.qtype, moe=f.moe, tied=f.tied, vocab=gguf_vocab.vocab_meta(f.vocab),
-                        n_ctx=4096, **f.dims)
+    layers = f.written_layers or f.dims["n_layer"]
+    part = path + ".part" if layers != f.dims["n_layer"] else path
+    tm.write_test_model(part, f.arch, qtype=f.qtype, moe=f.moe, tied=f.tied, vocab=gguf_vocab.vocab_meta(f.vocab),
+                        n_ctx=4096, **dict(f.dims, n_layer=layers))
+    if part != path:
+        repeat_layers(part, path, f.dims["n_layer"])
+        os.remove(part)
     return path
 
 

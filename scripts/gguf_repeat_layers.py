@@ -46,18 +46,14 @@ def tensors_out(r: gguf.GGUFReader, n_in: int, n_out: int) -> list[tuple[str, ob
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("src")
-    ap.add_argument("dst")
-    ap.add_argument("--layers", type=int, required=True)
-    args = ap.parse_args()
-    r = gguf.GGUFReader(args.src)
+def repeat_layers(src: str, dst: str, layers: int) -> str:
+    """Writes dst: src with its blocks repeated (or cut) to `layers`; returns a line saying what it wrote."""
+    r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     n_in = r.fields[f"{arch}.block_count"].contents()
-    w = gguf.GGUFWriter(args.dst, arch)
-    copy_keys(r, w, arch, n_in, args.layers)
-    plan = tensors_out(r, n_in, args.layers)
+    w = gguf.GGUFWriter(dst, arch)
+    copy_keys(r, w, arch, n_in, layers)
+    plan = tensors_out(r, n_in, layers)
     for name, t in plan:
         w.add_tensor_info(name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     w.write_header_to_file()
@@ -66,7 +62,16 @@ def main() -> None:
     for _, t in plan:
         w.write_tensor_data(t.data)
     w.close()
-    print(f"{args.dst}: {arch}, {args.layers} layers (from {n_in}), {len(plan)} tensors")
+    return f"{dst}: {arch}, {layers} layers (from {n_in}), {len(plan)} tensors"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--layers", type=int, required=True)
+    args = ap.parse_args()
+    print(repeat_layers(args.src, args.dst, args.layers))
 
 
 if __name__ == "__main__":
