@@ -283,17 +283,14 @@ void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
 // the block before it rather than all at once: a burst of 20-27 prefetches fills the core's line-fill
 // buffers and stalls the arithmetic behind it (the stalls showed in `perf` on the prefetch instructions).
 struct SpreadPrefetch {
+  static constexpr size_t PARTS = 8;  // the steps of a block's chain: 8 sub-blocks (Q4_K, Q5_K), 8 group pairs (Q6_K)
   const char* p;
   size_t lines;
-  void part(int j) const {
-    for (size_t l = lines * j / 8; l < lines * (j + 1) / 8; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+  void part(size_t j) const {
+    for (size_t l = lines * j / PARTS; l < lines * (j + 1) / PARTS; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
   }
 };
 
-// Decode's one column takes two groups at once (group_pair): each group's chain is its one-column kernel's,
-// operation for operation (bit-identical), but the two interleave, so that one group's codes are computed on
-// while the other's lines come in — a lone group's kernel alternates the two (docs/BENCHMARKS.md, 2026-12-05:
-// from memory, 2 threads, Q4_K +4-21 %, Q6_K about +10 %, by sitting).
 // One super-block of one column: group_kmin<PB, 1>'s chain (group_pair's step).
 template <class PB>
 inline __m256 kmin_block(const PB& b, const block_q8_K& a, __m256 acc, const SpreadPrefetch& pf) {
@@ -307,6 +304,10 @@ inline __m256 kmin_block(const PB& b, const block_q8_K& a, __m256 acc, const Spr
   return kmin_scale(b, a, tot, acc);
 }
 
+// Decode's one column takes two groups at once (group_pair): each group's chain is its one-column kernel's,
+// operation for operation (bit-identical), but the two interleave, so that one group's codes are computed on
+// while the other's lines come in — a lone group's kernel alternates the two (docs/BENCHMARKS.md, 2026-12-05:
+// from memory, 2 threads, Q4_K +4-21 %, Q6_K about +10 %, by sitting).
 // Two groups × one column over all nb blocks, Step(block, activation block, acc) each block's chain.
 template <class PB, class AB, __m256 (*Step)(const PB&, const AB&, __m256, const SpreadPrefetch&)>
 void group_pair(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, const uint8_t* act, float* out0,

@@ -30,9 +30,7 @@ def _one(model: str, tokens: int, threads: int) -> float:
     vocab = eng.hparams["n_vocab"]
     eng.add("w", be.synthetic_prompt(16, vocab), {"temperature": 0.0}, 4, True)
     be.run_to_end(eng, {"w": 1})
-    eng.add("d", be.synthetic_prompt(8, vocab, 2), {"temperature": 0.0}, tokens + 1, True)
-    ttft, total, n = be.run_to_end(eng, {"d": 1})
-    return (n - 1) / (total - ttft)
+    return be.one_stream_decode(eng, be.synthetic_prompt(8, vocab, 2), tokens)
 
 
 def _run(root: str, a: argparse.Namespace) -> float:

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import model_factory as tm  # noqa: E402
-from bench_engine import best_of, run_to_end  # noqa: E402
+from bench_engine import best_of, one_stream_decode, run_to_end  # noqa: E402
 
 # Qwen3-30B-A3B: n_embd 2048, 32 heads x 128 (4 KV heads), 128 experts of width 768, 8 used
 SHAPE = dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_ctx=4096)
@@ -50,9 +50,7 @@ def bench(path: str, threads: int, prefill_len: int = 512, decode_len: int = 64)
     run_to_end(eng, {"w": 1})
     eng.add("p", prompt(prefill_len, 1), greedy, 1, True)
     res["prefill_tok_s"] = prefill_len / run_to_end(eng, {"p": 1})[0]
-    eng.add("d", prompt(8, 2), greedy, decode_len + 1, True)
-    ttft, total, n = run_to_end(eng, {"d": 1})
-    res["decode_tok_s"] = (n - 1) / (total - ttft)
+    res["decode_tok_s"] = one_stream_decode(eng, prompt(8, 2), decode_len)
     for i in range(8):
         eng.add(f"b{i}", prompt(8, 10 + i), greedy, decode_len, True)
     _, total, n = run_to_end(eng, {f"b{i}": 1 for i in range(8)})
