@@ -17,27 +17,21 @@ void scale_scores(const AttnHead& a, float* s, size_t n) {
     for (size_t i = 0; i < n; i++) s[i] = a.softcap * std::tanh(s[i] / a.softcap);
 }
 
-// One tile of n rows into the running state: each head's max moves to cover the tile, the old denominator
-// and sum are rescaled by exp(old max − new max), the tile's exp-weights added.
-void online_tile(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int n,
-                 AttnScratch& sc) {
-  const int G = a.group, hd = a.hd;
-  grow(sc.s, (size_t)G * n);
-  kv_scores(a.dtype, q, G, hd, k, n, sc.s.data(), v);
-  scale_scores(a, sc.s.data(), (size_t)G * n);
+// A query's n keys of the widened tile t into its running state: each head's max moves to cover them, the
+// old denominator and sum are rescaled by exp(old max − new max), the keys' exp-weights added.
+void online_tile(const AttnHead& a, const float* q, const KVTile& t, int n, AttnScratch& sc) {
+  const int G = a.group;
+  grow(sc.s, (size_t)G * t.ntp);
+  tile_scores(q, G, t, sc.s.data());
   for (int h = 0; h < G; h++) {
-    float* s = &sc.s[(size_t)h * n];
+    float* s = &sc.s[(size_t)h * t.ntp];
+    scale_scores(a, s, n);
     const float mx = std::max(sc.m[h], max_of(s, n));
     sc.corr[h] = std::exp(sc.m[h] - mx);  // 0 on the first tile without a sink (m = −inf)
-    sc.l[h] = sc.l[h] * sc.corr[h] + exp_shift_sum(s, n, mx);
+    sc.l[h] = sc.l[h] * sc.corr[h] + tile_exp_sum(s, n, t.ntp, mx);
     sc.m[h] = mx;
   }
-  kv_weighted_sum(a.dtype, sc.s.data(), G, n, v, hd, sc.tile_out.data());
-  for (int h = 0; h < G; h++)
-    for (int i = 0; i < hd; i++) {
-      float& acc = sc.acc[(size_t)h * hd + i];
-      acc = acc * sc.corr[h] + sc.tile_out[(size_t)h * hd + i];
-    }
+  tile_accumulate(sc.s.data(), G, n, t, sc.corr.data(), sc.acc.data());
 }
 
 // The running state of one query before its first tile: max −inf (or the sinks), denominator 0, sum 0.
@@ -49,7 +43,6 @@ void online_begin(const AttnHead& a, AttnScratch& sc) {
   if (a.sinks)  // a sink joins the max and the denominator (exp(sink − sink) = 1) and adds no value
     for (int h = 0; h < G; h++) sc.m[h] = a.sinks[h], sc.l[h] = 1.f;
   sc.acc.assign((size_t)G * a.hd, 0.f);
-  grow(sc.tile_out, (size_t)G * a.hd);
 }
 
 void online_end(const AttnHead& a, const AttnScratch& sc, float* out) {
@@ -60,29 +53,55 @@ void online_end(const AttnHead& a, const AttnScratch& sc, float* out) {
   }
 }
 
+// f(j0, n) for the tiles of len keys: [0, min(lead, len)), then `tile` keys at a time.
+template <class F>
+void for_tiles(int len, int lead, int tile, F&& f) {
+  for (int j0 = 0, n = std::min(lead, len); j0 < len; j0 += n, n = std::min(tile, len - j0)) f(j0, n);
+}
+
+// tile ← keys [j0, j0 + n) (widened when `widen`); the `ahead` keys after them (up to len) start toward L2
+// meanwhile, so that the next tile's rows arrive while this one computes.
+void load_tile(const AttnHead& a, const uint8_t* const* k, const uint8_t* const* v, int j0, int n, int len,
+               int ahead, bool widen, KVTile& t) {
+  tile_rows(a.dtype, k + j0, v + j0, n, a.hd, widen, t);
+  const size_t rb = kv_row_bytes(a.dtype, a.hd);
+  for (int j = j0 + n; j < std::min(len, j0 + n + ahead) && widen; j++)
+    for (size_t b = 0; b < rb; b += 64) {
+      __builtin_prefetch(k[j] + b, 0, 2);
+      __builtin_prefetch(v[j] + b, 0, 2);
+    }
+}
+
 }  // namespace
 
 void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
                    int lead, int tile, AttnScratch& sc, float* out) {
   online_begin(a, sc);
-  for (int j0 = 0, n = std::min(lead, len); j0 < len; j0 += n, n = std::min(tile, len - j0))
-    online_tile(a, q, k + j0, v + j0, n, sc);
+  for_tiles(len, lead, tile, [&](int j0, int n) {
+    load_tile(a, k, v, j0, n, len, tile, false, sc.tile);
+    online_tile(a, q, sc.tile, n, sc);
+  });
   online_end(a, sc, out);
 }
 
-// The online queries step through the tiles of the longest one; each takes a tile's rows up to its own
-// length, so its tiles are attend_online's: [0, min(lead, len)), then `tile` rows at a time.
+// The online queries step through the tiles of the longest one, gathered once into sc[0].tile (widened to
+// f32 where more than one query reads it); each takes a
+// tile's keys up to its own length, so its tiles are attend_online's: [0, min(lead, len)), then `tile` keys
+// at a time.
 void attend_run(const AttnHead& a, const QueryRun& r, const uint8_t* const* k, const uint8_t* const* v, int lead,
                 int tile, AttnScratch* sc) {
-  int longest = 0;
+  int longest = 0, online = 0;
   for (int i = 0; i < r.n; i++) {
     if (r.len[i] <= kAttnFullRows) attend_ref(a, r.q + i * r.q_stride, k, v, r.len[i], sc[i].s, r.out + i * r.out_stride);
-    else online_begin(a, sc[i]), longest = std::max(longest, r.len[i]);
+    else online_begin(a, sc[i]), longest = std::max(longest, r.len[i]), online++;
   }
-  for (int j0 = 0, n = std::min(lead, longest); j0 < longest; j0 += n, n = std::min(tile, longest - j0))
+  KVTile& t = sc[0].tile;
+  for_tiles(longest, lead, tile, [&](int j0, int n) {
+    load_tile(a, k, v, j0, n, longest, tile, online > 1, t);
     for (int i = 0; i < r.n; i++)
       if (r.len[i] > kAttnFullRows && r.len[i] > j0)
-        online_tile(a, r.q + i * r.q_stride, k + j0, v + j0, std::min(n, r.len[i] - j0), sc[i]);
+        online_tile(a, r.q + i * r.q_stride, t, std::min(n, r.len[i] - j0), sc[i]);
+  });
   for (int i = 0; i < r.n; i++)
     if (r.len[i] > kAttnFullRows) online_end(a, sc[i], r.out + i * r.out_stride);
 }

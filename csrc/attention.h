@@ -3,9 +3,10 @@
 //
 // attend_online: keys a tile at a time (whole paged blocks: tiles end where the cache's blocks do, so a tile
 // never depends on the batch), a running max and denominator per head, the output rescaled as the max moves;
-// no score vector longer than a tile. attend_ref, its reference twin, is the kernel it grew from: all len
-// scores, one softmax, one weighted sum. They agree within float rounding (tests/test_kv_dtype.py: 2e-6 on
-// random rows), not bit for bit: the sums run in other orders. attend picks by length alone (so a token's
+// no score vector longer than a tile. Each tile is widened to f32 once (K transposed) and taken as small
+// matrix products (attention_tile.h), whose order of operations is fixed per value. attend_ref, its reference
+// twin, is the kernel it grew from: all len scores, one softmax, one weighted sum. They agree within float
+// rounding (tests/test_kv_dtype.py: 2e-6 on random rows), not bit for bit: the sums run in other orders. attend picks by length alone (so a token's
 // result still depends on its position only, never its batch): up to kAttnFullRows keys the full kernel,
 // whose bits the engine has always had (on the default model a 1e-7 change flips near-tied tokens:
 // tests/test_golden.py), beyond it the tiled one, where a full score vector outgrows the L1/L2 caches.
@@ -13,6 +14,7 @@
 
 #include <vector>
 
+#include "attention_tile.h"
 #include "kv_rows.h"
 
 namespace pyserve {
@@ -30,10 +32,11 @@ constexpr int kAttnFullRows = 1024;
 // Keys per attend_online step (the engine rounds it up to whole blocks): a tile's scores stay in L1.
 constexpr int kAttnTileRows = 128;
 
-// Scratch of one thread, grown to the largest tile and kept.
+// Scratch of one query, grown to the largest tile and kept.
 struct AttnScratch {
-  std::vector<float> s, tile_out, acc;  // [group × tile] scores, [group × hd] a tile's sum, the running sum
-  std::vector<float> m, l, corr;        // [group] running max, denominator, this tile's rescale
+  std::vector<float> s, acc;      // [group × tile, padded] scores, then weights; [group × hd] the running sum
+  std::vector<float> m, l, corr;  // [group] running max, denominator, this tile's rescale
+  KVTile tile;                    // the K/V tile widened (attend_run: sc[0]'s, for the whole run)
 };
 
 // out[group, hd] = softmax(scale · q·kᵀ) · v over the len rows. q: [group, hd]; k, v: len rows each.
@@ -54,7 +57,7 @@ struct QueryRun {
   size_t out_stride;
 };
 // Queries per QueryRun: their online states and a K/V tile together stay in L1/L2.
-constexpr int kAttnQueryRun = 8;
+constexpr int kAttnQueryRun = 16;
 // attend for each query of the run (sc: [n] scratches), bit for bit: the online queries go through the tiles
 // together, so a K/V tile is read from memory once for all of them instead of once each (at 8k keys a query's
 // rows of one KV head are 2 MB: streamed per query, long prefill was bound by the cache's bandwidth).

@@ -284,11 +284,42 @@ py::array_t<float> py_attend_run(const std::string& dtype, f32array q, u8array k
   for (int l : lens) ok = ok && l >= 1 && l <= (int)kr.size();
   if (!ok) throw std::invalid_argument("1 <= n <= kAttnQueryRun queries, a length in [1, rows] each; lead, tile >= 1");
   py::array_t<float> out({(py::ssize_t)n, (py::ssize_t)G, (py::ssize_t)hd});
-  std::vector<AttnScratch> sc(n);
+  static thread_local std::vector<AttnScratch> sc;  // kept between calls, as the engine keeps its scratch
+  sc.resize(kAttnQueryRun);
   const AttnHead a{t, G, hd, scale, 0.f, nullptr};
   const QueryRun run{q.data(), (size_t)G * hd, lens.data(), n, out.mutable_data(), (size_t)G * hd};
   attend_run(a, run, kr.data(), vr.data(), lead, tile, sc.data());
   return out;
+}
+
+// One step of the tiled attention kernel (attention_tile.h) for q [rows, hd] over the stored rows k, v [nt, ..]
+// (read in place, or widened first): the scores, the weights of the first n keys shifted by m [rows] and
+// their denominators, o [rows, hd] rescaled by corr [rows] and accumulated. -> (k [ntp, hd], v [nt, hd] as
+// the kernels read them, scores [rows, ntp], weights [rows, ntp], denominators [rows], o [rows, hd]); impl
+// "simd" (the engine's) or "ref".
+py::tuple py_attn_tile_step(const std::string& dtype, f32array q, u8array k, u8array v, int n, f32array m,
+                            f32array corr, f32array o, bool widen, const std::string& impl) {
+  const KVDType t = kv_dtype_from_name(dtype);
+  const int rows = q.ndim() == 2 ? (int)q.shape(0) : 0, hd = rows ? (int)q.shape(1) : 0;
+  const std::vector<const uint8_t*> kr = kv_rows_of(t, k, hd), vr = kv_rows_of(t, v, hd);
+  const int nt = (int)kr.size();
+  if (!rows || kr.size() != vr.size() || nt < 1 || n < 1 || n > nt || m.size() != rows || corr.size() != rows ||
+      o.size() != (py::ssize_t)rows * hd || (impl != "simd" && impl != "ref"))
+    throw std::invalid_argument("q [rows, hd]; k, v the same rows (>= 1); 1 <= n <= rows of k; m, corr [rows]; "
+                                "o [rows, hd]; impl 'simd' or 'ref'");
+  KVTile tile;
+  tile_rows(t, kr.data(), vr.data(), nt, hd, widen, tile);
+  const bool ref = impl == "ref";
+  py::array_t<float> kw({tile.ntp, hd}), vw({nt, hd}), sc({rows, tile.ntp}), w({rows, tile.ntp}), l(rows), out({rows, hd});
+  kv_widen_rows(tile.dtype, tile.k.data(), tile.ntp, hd, kw.mutable_data());
+  kv_widen_rows(tile.dtype, tile.v.data(), nt, hd, vw.mutable_data());
+  (ref ? tile_scores_ref : tile_scores)(q.data(), rows, tile, sc.mutable_data());
+  std::copy_n(sc.data(), sc.size(), w.mutable_data());
+  for (int r = 0; r < rows; r++)
+    l.mutable_data()[r] = (ref ? tile_exp_sum_ref : tile_exp_sum)(w.mutable_data() + r * tile.ntp, n, tile.ntp, m.data()[r]);
+  std::copy_n(o.data(), o.size(), out.mutable_data());
+  (ref ? tile_accumulate_ref : tile_accumulate)(w.data(), rows, n, tile, corr.data(), out.mutable_data());
+  return py::make_tuple(kw, vw, sc, w, l, out);
 }
 
 // One value head's gated delta rule over n tokens: q, k [n, head_k], v [n, head_v], decay, beta [n], M the
@@ -328,6 +359,8 @@ void bind_kv_rows(py::module_& m) {
         py::arg("impl") = "online");
   m.def("attend_run", &py_attend_run, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("lens"),
         py::arg("scale") = 1.f, py::arg("lead") = 16, py::arg("tile") = 128);
+  m.def("attn_tile_step", &py_attn_tile_step, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n"),
+        py::arg("m"), py::arg("corr"), py::arg("o"), py::arg("widen") = false, py::arg("impl") = "simd");
   m.def("attn_full_rows", [] { return kAttnFullRows; });
   m.def("kv_row_bytes", [](const std::string& d, int64_t n) { return kv_row_bytes(kv_dtype_from_name(d), n); });
   m.def("kv_write", &py_kv_write, py::arg("dtype"), py::arg("x"), "x [rows, n] f32 -> stored rows [rows, bytes]");

@@ -31,6 +31,9 @@ void kv_write_row(KVDType t, const float* x, uint8_t* dst, int64_t n);
 // x[n] back from a stored row (tests and references).
 void kv_read_row(KVDType t, const uint8_t* src, float* x, int64_t n);
 
+// Rows x[0, n) (hd values each, stored as t) widened to f32 exactly: out[j·hd + i].
+void kv_widen_rows(KVDType t, const uint8_t* const* x, int n, int hd, float* out);
+
 // Attention scores of the nh query heads q[nh, hd] that share K rows (GQA): s[h·len + j] = q_h · k[j] for
 // j < len, each K row (hd values in type t) loaded once for all heads. next (or null): len rows (the V rows)
 // brought into cache meanwhile.
