@@ -59,17 +59,13 @@ void for_tiles(int len, int lead, int tile, F&& f) {
   for (int j0 = 0, n = std::min(lead, len); j0 < len; j0 += n, n = std::min(tile, len - j0)) f(j0, n);
 }
 
-// tile ← keys [j0, j0 + n) (widened when `widen`); the `ahead` keys after them (up to len) start toward L2
-// meanwhile, so that the next tile's rows arrive while this one computes.
+// tile ← keys [j0, j0 + n) (widened when `widen`), with the `ahead` keys after them (up to len) to bring
+// toward the cache while it computes.
 void load_tile(const AttnHead& a, const uint8_t* const* k, const uint8_t* const* v, int j0, int n, int len,
                int ahead, bool widen, KVTile& t) {
   tile_rows(a.dtype, k + j0, v + j0, n, a.hd, widen, t);
-  const size_t rb = kv_row_bytes(a.dtype, a.hd);
-  for (int j = j0 + n; j < std::min(len, j0 + n + ahead) && widen; j++)
-    for (size_t b = 0; b < rb; b += 64) {
-      __builtin_prefetch(k[j] + b, 0, 2);
-      __builtin_prefetch(v[j] + b, 0, 2);
-    }
+  t.next_k = k + j0 + n, t.next_v = v + j0 + n;
+  t.next_n = std::max(0, std::min(ahead, len - j0 - n));
 }
 
 }  // namespace
@@ -99,8 +95,10 @@ void attend_run(const AttnHead& a, const QueryRun& r, const uint8_t* const* k, c
   for_tiles(longest, lead, tile, [&](int j0, int n) {
     load_tile(a, k, v, j0, n, longest, tile, online > 1, t);
     for (int i = 0; i < r.n; i++)
-      if (r.len[i] > kAttnFullRows && r.len[i] > j0)
+      if (r.len[i] > kAttnFullRows && r.len[i] > j0) {
         online_tile(a, r.q + i * r.q_stride, t, std::min(n, r.len[i] - j0), sc[i]);
+        t.next_n = 0;  // the next tile's rows: asked for once, during the first query's scores
+      }
   });
   for (int i = 0; i < r.n; i++)
     if (r.len[i] > kAttnFullRows) online_end(a, sc[i], r.out + i * r.out_stride);

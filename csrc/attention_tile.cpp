@@ -28,7 +28,7 @@ void point_rows(const float* x, int n, int hd, const uint8_t** rows) {
 
 void tile_rows(KVDType t, const uint8_t* const* k, const uint8_t* const* v, int nt, int hd, bool widen, KVTile& tile) {
   tile.nt = nt, tile.hd = hd, tile.ntp = (nt + kTileLanes - 1) / kTileLanes * kTileLanes;
-  tile.dtype = widen ? KVDType::F32 : t;
+  tile.dtype = widen ? KVDType::F32 : t, tile.widened = widen, tile.row_bytes = kv_row_bytes(t, hd);
   tile.k.resize(tile.ntp);
   tile.v.resize(nt);
   if (tile.zero.size() < (size_t)hd * 4) tile.zero.assign((size_t)hd * 4, 0);
@@ -44,6 +44,7 @@ void tile_rows(KVDType t, const uint8_t* const* k, const uint8_t* const* v, int 
     std::copy_n(v, nt, tile.v.begin());
   }
   std::fill(tile.k.begin() + nt, tile.k.end(), tile.zero.data());
+  tile.next_k = tile.next_v = nullptr, tile.next_n = 0;
 }
 
 void tile_scores_ref(const float* q, int rows, const KVTile& tile, float* s) {
@@ -249,10 +250,28 @@ void by_row_blocks(int rows, F&& f) {
 
 }  // namespace
 
+namespace {
+
+// Group g's share of the next tile's rows, toward L2.
+void prefetch_share(const KVTile& t, int g) {
+  const int groups = t.ntp / kTileLanes, share = (t.next_n + groups - 1) / groups;
+  for (int j = g * share; j < std::min(t.next_n, (g + 1) * share); j++)
+    for (size_t b = 0; b < t.row_bytes; b += 64) {
+      __builtin_prefetch(t.next_k[j] + b, 0, 2);
+      __builtin_prefetch(t.next_v[j] + b, 0, 2);
+    }
+}
+
+}  // namespace
+
 void tile_scores(const float* q, int rows, const KVTile& t, float* s) {
   with_rows(t.dtype, [&](auto fmt) {
-    for (int j = 0; j < t.ntp; j += kTileLanes)  // a group's 16 keys stay in L1 for all the rows
+    for (int j = 0; j < t.ntp; j += kTileLanes) {  // a group's 16 keys stay in L1 for all the rows
+      prefetch_share(t, j / kTileLanes);
+      for (int p = j + kTileLanes; p < std::min(t.nt, j + 2 * kTileLanes) && !t.widened; p++)
+        for (size_t b = 0; b < t.row_bytes; b += 64) __builtin_prefetch(t.k[p] + b, 0, 3);  // the next group's, to L1
       scores_group<decltype(fmt)>(q, rows, t.hd, t.k.data() + j, s + j, t.ntp);
+    }
   });
 }
 

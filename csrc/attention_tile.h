@@ -30,14 +30,23 @@ constexpr int kTileLanes = 16;
 // less than each query's conversions). Widening is exact, so the two give the same bits.
 struct KVTile {
   KVDType dtype = KVDType::F32;          // of the rows below
+  bool widened = false;                  // rows in kw / vw (else in the cache, read in place)
   int nt = 0, ntp = 0, hd = 0;           // keys, keys padded to kTileLanes, values per head
+  size_t row_bytes = 0;                  // of a row in the cache
   std::vector<const uint8_t*> k, v;      // [ntp] K rows (the padding keys: a zero row), [nt] V rows
   std::vector<float> kw, vw;             // [nt][hd] each: the widened rows' storage
   std::vector<uint8_t> zero;             // one row of zero bytes (0 in every format)
+  // The next tile's K and V rows in the cache (next_n of them; none: 0): tile_scores brings them toward L2
+  // a share per group of keys, so that they arrive while this tile computes, spread out rather than in one
+  // burst that fills the line-fill buffers (and, read in place, each group's next group toward L1: a paged
+  // block's rows end every 16 slots, where the hardware prefetchers lose the stream).
+  const uint8_t* const* next_k = nullptr;
+  const uint8_t* const* next_v = nullptr;
+  int next_n = 0;
 };
 
-// tile ← the nt ≥ 1 K and V rows (hd values each, stored as t), widened when `widen`. Doesn't throw beyond
-// allocation.
+// tile ← the nt ≥ 1 K and V rows (hd values each, stored as t), widened when `widen`; no next rows. Doesn't
+// throw beyond allocation.
 void tile_rows(KVDType t, const uint8_t* const* k, const uint8_t* const* v, int nt, int hd, bool widen, KVTile& tile);
 // s[r·ntp + j] = score of query row r (q + r·hd) and key j, for r < rows, j < ntp (padding keys score 0).
 void tile_scores(const float* q, int rows, const KVTile& tile, float* s);
