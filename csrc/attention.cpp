@@ -17,7 +17,7 @@ void scale_scores(const AttnHead& a, float* s, size_t n) {
     for (size_t i = 0; i < n; i++) s[i] = a.softcap * std::tanh(s[i] / a.softcap);
 }
 
-// A query's n keys of the widened tile t into its running state: each head's max moves to cover them, the
+// A query's first n keys of the tile t into its running state: each head's max moves to cover them, the
 // old denominator and sum are rescaled by exp(old max − new max), the keys' exp-weights added.
 void online_tile(const AttnHead& a, const float* q, const KVTile& t, int n, AttnScratch& sc) {
   const int G = a.group;
@@ -81,9 +81,8 @@ void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, c
 }
 
 // The online queries step through the tiles of the longest one, gathered once into sc[0].tile (widened to
-// f32 where more than one query reads it); each takes a
-// tile's keys up to its own length, so its tiles are attend_online's: [0, min(lead, len)), then `tile` keys
-// at a time.
+// f32 where more than one query reads it); each takes a tile's keys up to its own length, so its tiles are
+// attend_online's: [0, min(lead, len)), then `tile` keys at a time.
 void attend_run(const AttnHead& a, const QueryRun& r, const uint8_t* const* k, const uint8_t* const* v, int lead,
                 int tile, AttnScratch* sc) {
   int longest = 0, online = 0;
