@@ -19,6 +19,20 @@ float lane_tree(const float* lane) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+// a, then the fma chain over d in [d0, hd) of q[d] · k[d]: a score's values past its 16-lane part.
+template <class R>
+float score_tail(float a, const float* q, const uint8_t* k, int d0, int hd) {
+  for (int d = d0; d < hd; d++) a = std::fma(q[d], R::at(k, d), a);
+  return a;
+}
+
+// a, then the fma chain over j < n of p[j] · V[j][i]: one output value's sum (a: its old value · corr).
+template <class R>
+float value_chain(float a, const float* p, const uint8_t* const* v, int n, int i) {
+  for (int j = 0; j < n; j++) a = std::fma(p[j], R::at(v[j], i), a);
+  return a;
+}
+
 // Pointers to n rows of hd f32 values at x.
 void point_rows(const float* x, int n, int hd, const uint8_t** rows) {
   for (int j = 0; j < n; j++) rows[j] = (const uint8_t*)(x + (size_t)j * hd);
@@ -56,9 +70,7 @@ void tile_scores_ref(const float* q, int rows, const KVTile& tile, float* s) {
         const float* qr = q + (size_t)r * hd;
         float lane[kTileLanes] = {};
         for (int d = 0; d < hd16; d++) lane[d % kTileLanes] = std::fma(qr[d], R::at(tile.k[j], d), lane[d % kTileLanes]);
-        float a = lane_tree(lane);
-        for (int d = hd16; d < hd; d++) a = std::fma(qr[d], R::at(tile.k[j], d), a);
-        s[(size_t)r * tile.ntp + j] = a;
+        s[(size_t)r * tile.ntp + j] = score_tail<R>(lane_tree(lane), qr, tile.k[j], hd16, hd);
       }
   });
 }
@@ -77,11 +89,8 @@ void tile_accumulate_ref(const float* p, int rows, int n, const KVTile& tile, co
   with_rows(tile.dtype, [&](auto fmt) {
     using R = decltype(fmt);
     for (int r = 0; r < rows; r++)
-      for (int i = 0; i < hd; i++) {
-        float a = o[r * hd + i] * corr[r];
-        for (int j = 0; j < n; j++) a = std::fma(p[(size_t)r * tile.ntp + j], R::at(tile.v[j], i), a);
-        o[r * hd + i] = a;
-      }
+      for (int i = 0; i < hd; i++)
+        o[r * hd + i] = value_chain<R>(o[r * hd + i] * corr[r], p + (size_t)r * tile.ntp, tile.v.data(), n, i);
   });
 }
 
@@ -153,11 +162,7 @@ void scores_rows(const float* q, int hd, const uint8_t* const* k, float* s, int 
   alignas(64) float out[16];
   _mm512_store_ps(out, scores_block<R, RB>(q, hd, k, hd16));
   for (int ri = 0; ri < RB; ri++)
-    for (int ki = 0; ki < KB; ki++) {
-      float a = out[ri * KB + ki];
-      for (int d = hd16; d < hd; d++) a = std::fma(q[(size_t)ri * hd + d], R::at(k[ki], d), a);
-      s[(size_t)ri * ntp + ki] = a;
-    }
+    for (int ki = 0; ki < KB; ki++) s[(size_t)ri * ntp + ki] = score_tail<R>(out[ri * KB + ki], q + (size_t)ri * hd, k[ki], hd16, hd);
 }
 
 // One 16-key group of `rows` rows: blocks of 4 rows × 4 keys, then 2 × 8, then 1 × 16.
@@ -188,11 +193,7 @@ template <class R>
 void scores_group(const float* q, int rows, int hd, const uint8_t* const* k, float* s, int ntp) {
   const int hd16 = hd / 16 * 16;
   for (int r = 0; r < rows; r++, q += hd)
-    for (int m = 0; m < 16; m++) {
-      float a = score1<R>(q, k[m], hd16);
-      for (int d = hd16; d < hd; d++) a = std::fma(q[d], R::at(k[m], d), a);
-      s[(size_t)r * ntp + m] = a;
-    }
+    for (int m = 0; m < 16; m++) s[(size_t)r * ntp + m] = score_tail<R>(score1<R>(q, k[m], hd16), q, k[m], hd16, hd);
 }
 #endif
 
@@ -227,11 +228,8 @@ void accumulate_rows(const float* p, int n, const KVTile& t, const float* corr, 
     case 1: accumulate_block<R, RB, 1>(p, t.ntp, n, v, c * W, hd, corr, o); break;
   }
   for (int r = 0; r < RB; r++)  // values past the last whole vector: the reference's chain
-    for (int i = vecs * W; i < hd; i++) {
-      float a = o[r * hd + i] * corr[r];
-      for (int j = 0; j < n; j++) a = std::fma(p[(size_t)r * t.ntp + j], R::at(v[j], i), a);
-      o[r * hd + i] = a;
-    }
+    for (int i = vecs * W; i < hd; i++)
+      o[r * hd + i] = value_chain<R>(o[r * hd + i] * corr[r], p + (size_t)r * t.ntp, v, n, i);
 }
 
 // f(rb, r) for every block of rb = kRowBlock rows from row r, then the rest (rb an integral_constant).
