@@ -7,7 +7,7 @@
 // of them leave each row's exact integer block sum in its own lane: no horizontal reduction per block, and
 // the weight registers serve up to 8 activation columns. Codes are unsigned (value + offset); the offset
 // times the activation block's Σq is subtracted exactly in integers first. 4- to 6-bit codes are kept as
-// nibbles plus bit planes, so a packed matrix is about the size of the file's (Q4_K / Q5_K: +8 % for
+// nibbles plus bit planes, so a packed matrix is about the size of the file's (Q4_K / Q5_K: +3 % for
 // scales laid out for the kernels).
 //
 // Arithmetic contract: out = Σ_blocks fma(d_w·d_a, isum, acc) in block order, one chain per output element
@@ -44,7 +44,7 @@ bool packable(GGMLType t);
 // group_bytes as pack_weight gives them. Throws std::invalid_argument as pack_weight does.
 PackedWeight packed_shape(GGMLType t, int64_t n_rows, int64_t n_in);
 
-// This build's packed layout, e.g. "packed/1 vnni=1 avx2=1": packed_file.h keeps it with the weights.
+// This build's packed layout, e.g. "packed/2 vnni=1 avx2=1": packed_file.h keeps it with the weights.
 std::string packed_layout();
 
 // A packed matrix's data is on 2 MiB boundaries from this size on (transparent huge pages can back it).

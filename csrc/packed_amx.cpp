@@ -222,7 +222,7 @@ void kquant_finish(const PB& p0, const PB& p1, const uint8_t* act, size_t stride
     scale_pairs(p0.sc, p1.sc, pairs);
   } else {
     dm = halves16(p0.dmin, p1.dmin);
-    for (int p = 0; p < 4; p++) pairs[p] = cat(load256(p0.m[p]), load256(p1.m[p]));
+    for (int p = 0; p < 4; p++) pairs[p] = cat(min_pairs(p0, p), min_pairs(p1, p));
   }
   for (int t = 0; t < AMX_COLS; t++) {
     const block_q8_K& a = ((const block_q8_K*)(act + t * stride))[i];

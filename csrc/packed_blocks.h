@@ -23,8 +23,8 @@ struct pblock_q5_0 { uint16_t d[8]; uint32_t qh[8]; uint8_t q[128]; };  // nibbl
 struct kmin_head {
   uint16_t d[8], dmin[8];
   uint8_t sc[8][8];       // [sub-block j][row]: 6-bit scales
-  int16_t m[4][8][2];     // [pair p][row]: the mins of sub-blocks 2p, 2p + 1 (int16 pairs for vpdpwssd)
-};                        // 224 B: what follows stays 32-byte aligned
+  uint8_t m[4][8][2];     // [pair p][row]: the 6-bit mins of sub-blocks 2p, 2p + 1 (widened to the int16
+};                        // pairs of vpdpwssd by min_pairs). 160 B: what follows stays 32-byte aligned
 struct pblock_q4_K : kmin_head {
   uint8_t q[8][128];      // sub-block j (32 elements): nibbles, codes 0..15
 };
@@ -40,7 +40,7 @@ struct pblock_q6_K {
   // a third of the work of one mask per bit (measured 26 → 31 GB/s at one column, in cache).
   struct { uint8_t q[128]; uint8_t hi[64]; } pair[8];
 };
-static_assert(sizeof(kmin_head) == 224 && sizeof(pblock_q5_K) == 8 * 176 + 96 && sizeof(pblock_q6_K) == 8 * 210 + 16,
+static_assert(sizeof(kmin_head) == 160 && sizeof(pblock_q5_K) == 8 * 176 + 32 && sizeof(pblock_q6_K) == 8 * 210 + 16,
               "layout");
 static_assert(sizeof(pblock_q8_0) == 272 && sizeof(pblock_q4_0) == 144 && sizeof(pblock_q5_0) == 176, "8 × the block");
 
@@ -99,6 +99,11 @@ inline void dec_sub_k(const PB& b, int j, __m256i* w) {
   }
 }
 
+// Pair p's mins as the 8 rows' int16 pairs (m_2p, m_2p+1).
+inline __m256i min_pairs(const kmin_head& b, int p) {
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)b.m[p]));
+}
+
 // Σ_j m_j · (bsums[2j] + bsums[2j+1]) per row, with the mins as int16 pairs.
 inline __m256i mins_term(const kmin_head& b, const block_q8_K& a) {
   int16_t s[8];
@@ -107,7 +112,7 @@ inline __m256i mins_term(const kmin_head& b, const block_q8_K& a) {
   for (int p = 0; p < 4; p++) {
     int32_t pair;
     std::memcpy(&pair, s + 2 * p, 4);
-    m = dp2(m, load256(b.m[p]), _mm256_set1_epi32(pair));
+    m = dp2(m, min_pairs(b, p), _mm256_set1_epi32(pair));
   }
   return m;
 }
