@@ -392,7 +392,7 @@ void group_q6_K(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
 }
 
 #if PS_VNNI == 1 && PS_AVX512BW
-// ---- Decode on 512-bit vectors (Q4_K, Q6_K). A step's 4 vectors of nibbles are read as 2 of 512 bits:
+// ---- Decode on 512-bit vectors (Q4_K, Q6_K, Q8_0). A step's 4 vectors of nibbles are read as 2 of 512 bits:
 // lane r < 8 of half h holds row r's elements of vector 2h, lane 8 + r those of vector 2h + 1, and each
 // activation vector carries the two matching 4-byte groups. A lane then sums 8 codes of a row where the
 // 256-bit kernels sum 4; a row's two lanes are added when its block ends. Every sum is an exact integer, so
@@ -476,6 +476,31 @@ struct Q6KZ {
   }
 };
 
+// Q8_0's one column, two groups at once, on 512-bit vectors: group_legacy<…, 1>'s outputs, bit for bit (a
+// block's sum, −128 · Σa plus the 8 vectors' products, is an exact integer in any order).
+void q8_0_pair_z(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, const uint8_t* act, float* out0,
+                 float* out1) {
+  const pblock_q8_0* b[2] = {(const pblock_q8_0*)blocks0, (const pblock_q8_0*)blocks1};
+  const block_q8_32* a = (const block_q8_32*)act;
+  float* out[2] = {out0, out1};
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  for (int64_t i = 0; i < nb; i++) {
+    const char* ahead[2] = {pair_ahead(b[0], nb, i), (const char*)(b[1] + i) + PREFETCH_AHEAD};
+    const ActQuads x = act_quads(a[i].qs);
+    const __m256 da = _mm256_set1_ps(a[i].d);
+    for (int g = 0; g < 2; g++) {
+      for (size_t l = 0; l < sizeof(pblock_q8_0); l += 64) _mm_prefetch(ahead[g] + l, _MM_HINT_T0);
+      __m512i s = _mm512_maskz_set1_epi32(0x00FF, -128 * a[i].sum);
+      for (int h = 0; h < 4; h++)
+        s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(_mm512_loadu_si512(b[g][i].q + 64 * h), flip), x.v[h]);
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b[g][i].d));
+      acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(fold_halves(s)), acc[g]);
+    }
+  }
+  for (int g = 0; g < 2; g++) _mm256_storeu_ps(out[g], acc[g]);
+}
+
 // group_pair on 512-bit vectors: the same outputs, bit for bit. K: Q4KZ or Q6KZ.
 template <class K>
 void group_pair_z(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, const uint8_t* act, float* out0,
@@ -531,6 +556,7 @@ using PairFn = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*,
 PairFn pair_fn(GGMLType t) {
   switch (t) {
 #if PS_VNNI == 1 && PS_AVX512BW
+    case GGMLType::Q8_0: return &q8_0_pair_z;
     case GGMLType::Q4_K: return &group_pair_z<Q4KZ>;
     case GGMLType::Q6_K: return &group_pair_z<Q6KZ>;
 #else
