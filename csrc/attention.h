@@ -3,13 +3,14 @@
 //
 // attend_online: keys a tile at a time (whole paged blocks: tiles end where the cache's blocks do, so a tile
 // never depends on the batch), a running max and denominator per head, the output rescaled as the max moves;
-// no score vector longer than a tile. Each tile is widened to f32 once (K transposed) and taken as small
-// matrix products (attention_tile.h), whose order of operations is fixed per value. attend_ref, its reference
-// twin, is the kernel it grew from: all len scores, one softmax, one weighted sum. They agree within float
-// rounding (tests/test_kv_dtype.py: 2e-6 on random rows), not bit for bit: the sums run in other orders. attend picks by length alone (so a token's
-// result still depends on its position only, never its batch): up to kAttnFullRows keys the full kernel,
-// whose bits the engine has always had (on the default model a 1e-7 change flips near-tied tokens:
-// tests/test_golden.py), beyond it the tiled one, where a full score vector outgrows the L1/L2 caches.
+// no score vector longer than a tile. Each tile is taken as small matrix products (attention_tile.h), read in
+// place or, where a run of queries reads it, widened to f32 once; each value's order of operations is fixed.
+// attend_ref, its reference twin, is the kernel it grew from: all len scores, one softmax, one weighted sum.
+// They agree within float rounding (tests/test_kv_dtype.py: 2e-6 on random rows), not bit for bit: the sums
+// run in other orders. attend picks by length alone (so a token's result still depends on its position only,
+// never its batch): up to kAttnFullRows keys the full kernel, whose bits the engine has always had (on the
+// default model a 1e-7 change flips near-tied tokens: tests/test_golden.py), beyond it the tiled one, where a
+// full score vector outgrows the L1/L2 caches.
 #pragma once
 
 #include <vector>
