@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import sys
 import time
@@ -115,6 +116,9 @@ def _serve(args: argparse.Namespace) -> int:
         from .server.replicas import run_replicas
 
         return run_replicas(args)
+    # The server's imports allocate objects that all live as long as the process: no collector passes over
+    # them (~8 % of the imports' time). runner.run freezes them and turns the collector back on.
+    gc.disable()
     from .engine.options import EngineOptions
 
     engine = _engine_options(args, EngineOptions.serving())

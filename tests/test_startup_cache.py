@@ -357,6 +357,14 @@ def test_tokenizer_of_file_skips_the_vocabulary(tmp_path, monkeypatch):
     _same(first, touched, texts)
 
 
+def _fresh_python(code: str) -> str:
+    """What `code` prints in a fresh interpreter with the pyserve this test imports (the installed one in CI,
+    whose tree has no built engine), not the tree's."""
+    pkg_parent = str(Path(pyserve.__file__).resolve().parents[1])
+    return subprocess.run([sys.executable, "-c", code], cwd=pkg_parent, capture_output=True, text=True, check=True,
+                          env=dict(os.environ, PYTHONPATH=pkg_parent)).stdout
+
+
 def test_server_start_leaves_the_rarer_apis_unimported():
     """`pyserve serve` imports what chat and completions need; the Anthropic, Responses, rerank, infill and
     OpenAPI modules wait for their first request (their protocol models cost ~25 ms of a start)."""
@@ -365,12 +373,25 @@ def test_server_start_leaves_the_rarer_apis_unimported():
             "from pyserve.server.config import ServerConfig\n"
             "create_app(None, ServerConfig())\n"
             "print(' '.join(sorted(sys.modules)))")
-    # the pyserve this test imports (the installed one in CI, whose tree has no built engine): not the tree's
-    pkg_parent = str(Path(pyserve.__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", code], cwd=pkg_parent, capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=pkg_parent)).stdout.split()
+    out = _fresh_python(code).split()
     assert "pyserve.openai.serving_chat" in out and "pyserve.server.routes_anthropic" in out
     lazy = ["pyserve.anthropic.protocol", "pyserve.anthropic.serving", "pyserve.openai.protocol_responses",
             "pyserve.openai.serving_responses", "pyserve.openai.protocol_rerank", "pyserve.openai.serving_rerank",
             "pyserve.openai.infill_protocol", "pyserve.openai.serving_infill", "pyserve.openai.openapi"]
     assert [m for m in lazy if m in out] == []
+
+
+def test_protocol_models_are_built_after_start():
+    """The request and response models are not built at import (their defer_build: ~70 ms of a start); the
+    server's build_deferred builds every one once it is ready, after which a second pass has nothing to do."""
+    code = ("import trio\n"
+            "from pyserve.openai import protocol, responses\n"
+            "models = protocol._pyserve_models(protocol.BaseModel)\n"
+            "print(sum(not m.__pydantic_complete__ for m in models), len(models))\n"
+            "print(trio.run(protocol.build_deferred), trio.run(protocol.build_deferred))\n"
+            "print(sum(not m.__pydantic_complete__ for m in models))\n"
+            "print(protocol.ChatCompletionRequest.model_validate({'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}]}).model)\n")
+    out = _fresh_python(code).split("\n")
+    deferred, total = map(int, out[0].split())
+    assert total >= 40 and deferred == total, out
+    assert out[1].split() == [str(total), "0"] and out[2] == "0" and out[3] == "m", out

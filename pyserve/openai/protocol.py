@@ -47,7 +47,33 @@ def _unsupported(what: str) -> PydanticCustomError:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    # defer_build: as responses.ResponseModel's, built on first use or by build_deferred.
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, defer_build=True)
+
+
+async def build_deferred() -> int:
+    """Builds every pyserve pydantic model not yet built (their defer_build), one per scheduler turn so that
+    requests already being served are not held up; the count built. The server runs it once it is ready, so
+    that a first request of each kind does not build its models itself."""
+    import trio
+
+    built = 0
+    for cls in _pyserve_models(BaseModel):
+        if not cls.__pydantic_complete__:
+            cls.model_rebuild()
+            built += 1
+            await trio.lowlevel.checkpoint()
+    return built
+
+
+def _pyserve_models(base: type) -> list[type]:
+    """pyserve's subclasses of `base`, recursively, each once (a class of two bases is below both)."""
+    out: dict[type, None] = {}
+    for cls in base.__subclasses__():
+        if cls.__module__.startswith("pyserve."):
+            out[cls] = None
+        out.update(dict.fromkeys(_pyserve_models(cls)))
+    return list(out)
 
 
 # ---- messages ----

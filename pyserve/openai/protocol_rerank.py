@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from .errors import bad_request
 from .protocol import _Model
+from .responses import ResponseModel
 
 Text = Annotated[str, Field(min_length=1)]
 
@@ -60,7 +61,7 @@ class ScoreRequest(_Model):
         return [(f[0] if len(f) == 1 else f[i], t) for i, t in enumerate(self.seconds)]
 
 
-class RerankUsage(BaseModel):
+class RerankUsage(ResponseModel):
     prompt_tokens: int
     total_tokens: int
 
@@ -69,17 +70,17 @@ class ScoreUsage(RerankUsage):
     completion_tokens: int  # 0: vLLM's usage of a score
 
 
-class RerankResultDocument(BaseModel):
+class RerankResultDocument(ResponseModel):
     text: str
 
 
-class RerankResult(BaseModel):
+class RerankResult(ResponseModel):
     index: int
     relevance_score: float
     document: Optional[RerankResultDocument] = None
 
 
-class RerankResponse(BaseModel):
+class RerankResponse(ResponseModel):
     id: str
     object: Literal["list"] = "list"
     model: str
@@ -87,13 +88,13 @@ class RerankResponse(BaseModel):
     usage: RerankUsage
 
 
-class ScoreData(BaseModel):
+class ScoreData(ResponseModel):
     index: int
     object: Literal["score"] = "score"
     score: float
 
 
-class ScoreResponse(BaseModel):
+class ScoreResponse(ResponseModel):
     id: str
     object: Literal["list"] = "list"
     created: int

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built as protocol._Model's
     background: Optional[bool] = None
     include: Optional[list[str]] = None
     input: Union[str, list[dict[str, Any]]] = Field(min_length=1)

@@ -10,33 +10,39 @@ from __future__ import annotations
 import time
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ResponseModel(BaseModel):
+    # Its serializer is built on first use or by protocol.build_deferred once the server is ready, not at
+    # import: building every model's took ~70 ms of start-up with protocol.py's (docs/BENCHMARKS.md).
+    model_config = ConfigDict(defer_build=True)
 
 
 def now() -> int:
     return int(time.time())
 
 
-class ErrorInfo(BaseModel):
+class ErrorInfo(ResponseModel):
     message: str
     type: str
     param: Optional[str]
     code: Optional[str]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(ResponseModel):
     error: ErrorInfo
 
 
-class PromptTokensDetails(BaseModel):
+class PromptTokensDetails(ResponseModel):
     cached_tokens: int = 0
 
 
-class CompletionTokensDetails(BaseModel):
+class CompletionTokensDetails(ResponseModel):
     reasoning_tokens: int = 0
 
 
-class Usage(BaseModel):
+class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -58,14 +64,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 # ---- /v1/completions ----
 
-class CompletionLogprobs(BaseModel):
+class CompletionLogprobs(ResponseModel):
     tokens: list[str] = Field(default_factory=list)
     token_logprobs: list[Optional[float]] = Field(default_factory=list)
     top_logprobs: list[dict[str, float]] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
-class PromptLogprob(BaseModel):
+class PromptLogprob(ResponseModel):
     """vLLM's shape of one alternative at a prompt position."""
     logprob: float
     rank: Optional[int] = None  # 1 = the most likely (None: outside the reported top)
@@ -75,7 +81,7 @@ class PromptLogprob(BaseModel):
 PromptLogprobs = list[Optional[dict[str, PromptLogprob]]]  # per prompt token, None first; keys are token ids
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(ResponseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
@@ -83,7 +89,7 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: Optional[PromptLogprobs] = None  # vLLM's extra, when asked
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(ResponseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
@@ -95,25 +101,25 @@ class CompletionResponse(BaseModel):
 
 # ---- /v1/chat/completions ----
 
-class TopLogprob(BaseModel):
+class TopLogprob(ResponseModel):
     token: str
     logprob: float
     bytes: list[int]
 
 
-class TokenLogprob(BaseModel):
+class TokenLogprob(ResponseModel):
     token: str
     logprob: Optional[float]
     bytes: list[int]
     top_logprobs: list[TopLogprob]
 
 
-class ChoiceLogprobs(BaseModel):
+class ChoiceLogprobs(ResponseModel):
     content: list[TokenLogprob]
     refusal: Optional[list[TokenLogprob]] = None
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(ResponseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str]
     refusal: Optional[str] = None
@@ -124,7 +130,7 @@ class AssistantMessage(BaseModel):
     reasoning: Optional[str] = None
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(ResponseModel):
     index: int
     message: AssistantMessage
     logprobs: Optional[ChoiceLogprobs] = None
@@ -132,7 +138,7 @@ class ChatChoice(BaseModel):
     stop_reason: Optional[str] = None  # vLLM's: the stop string that ended it (sent only then)
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(ResponseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -143,7 +149,7 @@ class ChatCompletionResponse(BaseModel):
     prompt_logprobs: Optional[PromptLogprobs] = None  # vLLM's extra, when asked
 
 
-class DeltaMessage(BaseModel):
+class DeltaMessage(ResponseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
     # a call's first entry {index, id, type, function: {name, arguments}}, then {index, function: {arguments}}
@@ -152,7 +158,7 @@ class DeltaMessage(BaseModel):
     reasoning: Optional[str] = None
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(ResponseModel):
     index: int
     delta: DeltaMessage
     logprobs: Optional[ChoiceLogprobs] = None
@@ -160,7 +166,7 @@ class ChatChunkChoice(BaseModel):
     stop_reason: Optional[str] = None  # vLLM's: the stop string that ended it (sent only then)
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(ResponseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -172,7 +178,7 @@ class ChatCompletionChunk(BaseModel):
 
 # ---- the other endpoints ----
 
-class ModelCard(BaseModel):
+class ModelCard(ResponseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -187,45 +193,45 @@ class ModelCard(BaseModel):
     error: Optional[str] = None
 
 
-class ModelList(BaseModel):
+class ModelList(ResponseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-class TokenizeResponse(BaseModel):
+class TokenizeResponse(ResponseModel):
     tokens: list[int]
     count: int
     max_model_len: int
     token_strs: Optional[list[str]] = None
 
 
-class DetokenizeResponse(BaseModel):
+class DetokenizeResponse(ResponseModel):
     prompt: str
 
 
-class TemplateResponse(BaseModel):
+class TemplateResponse(ResponseModel):
     prompt: str
 
 
-class EmbeddingData(BaseModel):
+class EmbeddingData(ResponseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: Union[list[float], str]  # base64: little-endian float32
 
 
-class EmbeddingUsage(BaseModel):
+class EmbeddingUsage(ResponseModel):
     prompt_tokens: int
     total_tokens: int
 
 
-class EmbeddingResponse(BaseModel):
+class EmbeddingResponse(ResponseModel):
     object: Literal["list"] = "list"
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage
 
 
-class TokenizerInfo(BaseModel):
+class TokenizerInfo(ResponseModel):
     """vLLM's GET /tokenizer_info (what lm-eval's `tokenizer_backend=remote` reads)."""
     tokenizer_class: str
     bos_token: Optional[str]

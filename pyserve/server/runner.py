@@ -26,6 +26,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from ..engine.model_load import discard_early
 from ..engine.options import EngineOptions
+from ..openai.protocol import build_deferred
 from . import connection
 from .app import create_app
 from .auth import load_keys
@@ -168,6 +169,7 @@ async def _run_models(opts: ServeOptions, state, signals: _Signals, url: str, ta
         if not signals.stop.is_set():
             print(f"pyserve: serving {state.models.default or ','.join(names) or '-'} on {url}", flush=True)
             task_status.started(url)
+        await build_deferred()
         await signals.stop.wait()
         await _drain(state, signals, opts.drain_timeout)
         signals.drained.set()
@@ -220,8 +222,10 @@ def run(opts: ServeOptions) -> int:
 
     # The modules imported so far live as long as the process: out of the collector's passes (gc.freeze), so a
     # collection walks only what came after -- the one that gives a load's memory back took ~30 ms under the
-    # GIL just as the server became ready, and delayed its first /health 200 by as much.
+    # GIL just as the server became ready, and delayed its first /health 200 by as much. The collector is
+    # (re-)enabled here: cli.py's serve turns it off for the imports.
     gc.freeze()
+    gc.enable()
     try:
         return trio.run(serve_then_ignore)
     except BaseException as e:  # noqa: BLE001 - unwrap a lone error from trio's exception groups
