@@ -52,6 +52,29 @@ def test_longest_token_bytes(name):
         assert tok.longest_token_bytes(n) == max((len(tok.token_bytes(i)) for i in range(n)), default=0)
     assert tok.longest_token_bytes(tok.vocab_size) > 4
 
+
+@pytest.mark.parametrize("name", ["llama-spm", "qwen2"])
+def test_pieces_index_like_their_list(name):
+    """tokenizer.Pieces (each token's bytes sliced from one blob) gives what the list it is packed from does,
+    and refuses an id outside the vocabulary, a negative one included."""
+    from pyserve.engine.tokenizer import PackedTexts, Pieces, _bytelevel_to_bytes, _piece_bytes, _spm_normal_bytes
+    from pyserve.engine.tokenizer import read_parts
+
+    meta = vocab_meta(name)
+    parts = read_parts(meta)
+    texts = PackedTexts(*parts["texts"]).unpack()
+    normal = _spm_normal_bytes if parts["model"] == "llama" else _bytelevel_to_bytes
+    listed = _piece_bytes(texts, list(parts["attrs"]), normal)
+    pieces = Pieces(*Pieces.parts(listed))
+    assert len(pieces) == len(listed) and [pieces[i] for i in range(len(listed))] == listed
+    assert list(pieces.first(10)) == listed[:10] and list(pieces.first(len(listed) + 5)) == listed
+    assert pieces.longest(len(listed)) == max(map(len, listed)) and pieces.longest(0) == 0
+    assert pieces.longest(1000) == max(map(len, listed[:1000]))
+    assert sum(map(len, listed)) > len(listed)  # multi-byte pieces: the slicing is exercised
+    for bad in (len(listed), -1):
+        with pytest.raises(IndexError):
+            pieces[bad]
+
 # --------------------------------------------------------------------------------- gemma 3
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from array import array
 from dataclasses import astuple, dataclass
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence
@@ -151,7 +152,10 @@ class PackedTexts(NamedTuple):
 
     @classmethod
     def pack(cls, texts: list[str]) -> "PackedTexts":
-        data = [t.encode("utf-8", "surrogateescape") for t in texts]
+        return cls.pack_bytes([t.encode("utf-8", "surrogateescape") for t in texts])
+
+    @classmethod
+    def pack_bytes(cls, data: list[bytes]) -> "PackedTexts":
         return cls(b"".join(data), array("I", itertools.accumulate(map(len, data))).tobytes())
 
     def text(self, i: int) -> str:
@@ -162,6 +166,46 @@ class PackedTexts(NamedTuple):
         ends = memoryview(self.ends).cast("I")
         starts = itertools.chain((0,), ends)
         return [self.blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends)]
+
+
+class Pieces:
+    """Token id -> the bytes it stands for, sliced from a PackedTexts of them: a list of 262k bytes objects took
+    25-50 ms of a server's start to unmarshal from the cache, holding the GIL beside the server's imports."""
+
+    __slots__ = ("_blob", "_ends", "_longest")
+
+    def __init__(self, blob: bytes, ends: bytes, longest: int) -> None:
+        """longest: the most bytes a token stands for (the server's bound on a prompt's characters, asked for at
+        every load: read from the cache rather than found again, ~20 ms)."""
+        self._blob, self._ends, self._longest = blob, memoryview(ends).cast("I"), longest
+
+    @classmethod
+    def parts(cls, pieces: list[bytes]) -> tuple[bytes, bytes, int]:
+        """What makes a Pieces of `pieces` (marshal can store it)."""
+        return (*PackedTexts.pack_bytes(pieces), max(map(len, pieces), default=0))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i: int) -> bytes:
+        """IndexError for an id outside the vocabulary (a negative one too)."""
+        ends = self._ends
+        if i > 0:
+            return self._blob[ends[i - 1]:ends[i]]
+        if i == 0:
+            return self._blob[:ends[0]]
+        raise IndexError(f"token id {i} is negative")
+
+    def first(self, n: int) -> Iterable[bytes]:
+        """The first n (at most all) tokens' bytes."""
+        return map(self.__getitem__, range(min(n, len(self))))
+
+    def longest(self, n: int) -> int:
+        """The most bytes one of the first n tokens stands for (0 for none)."""
+        if n >= len(self):
+            return self._longest
+        ends = self._ends[:n]
+        return max(map(operator.sub, ends, itertools.chain((0,), ends)), default=0)
 
 
 class Encoder(Protocol):
@@ -175,8 +219,8 @@ class Encoder(Protocol):
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build with :meth:`from_gguf_metadata`."""
 
-    def __init__(self, *, encoder: Encoder, model: str, pre: str | None, texts: PackedTexts, attrs: list[int],
-                 piece_bytes: list[bytes], specials: _Specials, eos_ids: tuple[int, ...],
+    def __init__(self, *, encoder: Encoder, model: str, pre: str | None, texts: PackedTexts, attrs: bytes,
+                 piece_bytes: Pieces, specials: _Specials, eos_ids: tuple[int, ...],
                  fim: FimTokens = FimTokens(), parts: Mapping[str, Any] | None = None) -> None:
         self._encoder = encoder
         self._parts = parts  # read_parts's values (what reference_encoder builds from)
@@ -207,7 +251,8 @@ class Tokenizer:
         recipe = Recipe(*parts["recipe"])
         encoder = _native_spm(parts) if recipe.kind == "spm" else _hf_encoder(parts, recipe)
         return cls(encoder=encoder, model=parts["model"], pre=parts["pre"], texts=PackedTexts(*parts["texts"]),
-                   attrs=parts["attrs"], piece_bytes=parts["piece_bytes"], specials=_Specials(*parts["specials"]),
+                   attrs=parts["attrs"], piece_bytes=Pieces(*parts["piece_bytes"]),
+                   specials=_Specials(*parts["specials"]),
                    eos_ids=tuple(parts["eos_ids"]), fim=FimTokens(*parts["fim"]), parts=parts)
 
     def reference_encoder(self) -> Encoder:
@@ -249,14 +294,14 @@ class Tokenizer:
 
     def longest_token_bytes(self, n_vocab: int) -> int:
         """The most bytes one of the first ``n_vocab`` tokens contributes (0 for none)."""
-        return max(map(len, self._piece_bytes[:n_vocab]), default=0)
+        return self._piece_bytes.longest(n_vocab)
 
     def grammar_bytes(self, n_vocab: int) -> list[bytes]:
         """What each of the model's n_vocab ids writes, as a grammar engine sees it: a control or unknown
         token's bytes are 0xFF + its name (no text can spell it: 0xFF never occurs in UTF-8), ids past the
         vocabulary (a padded output layer) write nothing."""
         out = [b"\xff" + p if a & _A_SKIPPED else p
-               for p, a in zip(self._piece_bytes[:n_vocab], self._attrs)]
+               for p, a in zip(self._piece_bytes.first(n_vocab), self._attrs)]
         return out + [b""] * (n_vocab - len(out))
 
     def token_to_id(self, text: str) -> int | None:
@@ -347,8 +392,8 @@ def read_parts(meta: Mapping[str, Any]) -> dict[str, Any]:
     rstrip = _rstrip_ids(meta, attrs, token_to_id)
     return {"model": model, "pre": pre, "texts": tuple(PackedTexts.pack(tokens)),
             "types": bytes(t if 0 <= t < 256 else 0 for t in types),
-            "scores": _scores(meta, len(tokens)) if model == "llama" else b"", "attrs": attrs,
-            "piece_bytes": piece_bytes, "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim),
+            "scores": _scores(meta, len(tokens)) if model == "llama" else b"", "attrs": bytes(attrs),
+            "piece_bytes": Pieces.parts(piece_bytes), "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim),
             "recipe": tuple(recipe), "added": _added(attrs, rstrip)}
 
 

@@ -111,7 +111,7 @@ def _read(path: Path, key: str) -> Optional[dict]:
     if not isinstance(entry, dict) or entry.get("key") != key or set(entry) != {"key", *_PARTS}:
         raise ValueError("another key, or parts missing")
     n = len(entry["attrs"])
-    if n == 0 or len(entry["texts"][1]) != 4 * n or len(entry["piece_bytes"]) != n or len(entry["types"]) != n:
+    if n == 0 or len(entry["texts"][1]) != 4 * n or len(entry["piece_bytes"][1]) != 4 * n or len(entry["types"]) != n:
         raise ValueError("parts of different lengths")
     return entry
 
