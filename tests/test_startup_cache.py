@@ -386,7 +386,7 @@ def test_protocol_models_are_built_after_start():
     """The request and response models are not built at import (their defer_build: ~70 ms of a start); the
     server's build_deferred builds every one once it is ready, after which a second pass has nothing to do."""
     code = ("import trio\n"
-            "from pyserve.openai import protocol, responses\n"
+            "from pyserve.openai import protocol, protocol_rerank, protocol_responses, responses\n"
             "models = protocol._pyserve_models(protocol.BaseModel)\n"
             "print(sum(not m.__pydantic_complete__ for m in models), len(models))\n"
             "print(trio.run(protocol.build_deferred), trio.run(protocol.build_deferred))\n"

@@ -60,7 +60,10 @@ async def build_deferred() -> int:
     built = 0
     for cls in _pyserve_models(BaseModel):
         if not cls.__pydantic_complete__:
-            cls.model_rebuild()
+            try:
+                cls.model_rebuild()
+            except Exception:  # noqa: BLE001 - its first use raises the same: its requests fail, not the server
+                log.exception("pydantic model %s.%s does not build", cls.__module__, cls.__qualname__)
             built += 1
             await trio.lowlevel.checkpoint()
     return built
