@@ -33,16 +33,34 @@ constexpr int kAttnFullRows = 1024;
 // Keys per attend_online step (the engine rounds it up to whole blocks): a tile's scores stay in L1.
 constexpr int kAttnTileRows = 128;
 
+// One query's online softmax over some of its keys: per head the running max, denominator and sum.
+struct OnlineState {
+  std::vector<float> acc;         // [group × hd] the running sum
+  std::vector<float> m, l, corr;  // [group] running max, denominator, this tile's rescale
+};
+
 // Scratch of one query, grown to the largest tile and kept.
 struct AttnScratch {
-  std::vector<float> s, acc;      // [group × tile, padded] scores, then weights; [group × hd] the running sum
-  std::vector<float> m, l, corr;  // [group] running max, denominator, this tile's rescale
+  std::vector<float> s;           // [group × tile, padded] scores, then weights
+  OnlineState part[2];            // the keys before attn_split, and from it
   KVTile tile;                    // the K/V tile widened (attend_run: sc[0]'s, for the whole run)
 };
 
+// An online query's keys are two parts, [0, split) and [split, len), each its own online softmax, the two
+// combined at the end (online_combine): decode gives them to two threads where one KV head would leave a
+// thread idle (Model::attention), and a prompt's rows take the same two parts in one thread, so a token's bits
+// stay its position's alone. split: the first key of the middle tile (rounded up) of for_tiles(len, lead,
+// tile), len if there is one tile.
+int attn_split(int len, int lead, int tile);
+// Part p (0 or 1) of attend_online's query into sc.part[p]. Does not throw.
+void attend_part(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
+                 int lead, int tile, int p, AttnScratch& sc);
+// out[group, hd] from the parts' states (s1 may have taken no key).
+void online_combine(const AttnHead& a, const OnlineState& s0, const OnlineState& s1, float* out);
+
 // out[group, hd] = softmax(scale · q·kᵀ) · v over the len rows. q: [group, hd]; k, v: len rows each.
 // attend_online: the first tile holds `lead` rows (1 ≤ lead; the rest of the first paged block), the others
-// `tile` rows. Neither throws.
+// `tile` rows; its two parts (attn_split) one after the other. Neither throws.
 void attend_online(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,
                    int lead, int tile, AttnScratch& sc, float* out);
 void attend_ref(const AttnHead& a, const float* q, const uint8_t* const* k, const uint8_t* const* v, int len,

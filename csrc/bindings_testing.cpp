@@ -249,7 +249,8 @@ py::array_t<float> py_kv_weighted_sum(const std::string& dtype, f32array w, u8ar
 }
 
 // One attention work item: q [group, hd] over stored k, v [len, row_bytes]; impl "online" (attend_online, the
-// first tile `lead` rows, then `tile`) or "ref" (attend_ref). sinks: [group] or empty.
+// first tile `lead` rows, then `tile`), "parts" (its two parts of keys in two scratches, then combined, as a
+// decode step's threads take them) or "ref" (attend_ref). sinks: [group] or empty.
 py::array_t<float> py_attend(const std::string& dtype, f32array q, u8array k, u8array v, float scale, float softcap,
                              const std::vector<float>& sinks, int lead, int tile, const std::string& impl) {
   const KVDType t = kv_dtype_from_name(dtype);
@@ -263,11 +264,15 @@ py::array_t<float> py_attend(const std::string& dtype, f32array q, u8array k, u8
   if (impl == "online") {
     AttnScratch sc;
     attend_online(a, q.data(), kr.data(), vr.data(), (int)kr.size(), lead, tile, sc, out.mutable_data());
+  } else if (impl == "parts") {  // as a decode step's two threads: each part in its own scratch, then combined
+    AttnScratch sc[2];
+    for (int p = 0; p < 2; p++) attend_part(a, q.data(), kr.data(), vr.data(), (int)kr.size(), lead, tile, p, sc[p]);
+    online_combine(a, sc[0].part[0], sc[1].part[1], out.mutable_data());
   } else if (impl == "ref") {
     std::vector<float> sc;
     attend_ref(a, q.data(), kr.data(), vr.data(), (int)kr.size(), sc, out.mutable_data());
   } else {
-    throw std::invalid_argument("impl must be 'online' or 'ref'");
+    throw std::invalid_argument("impl must be 'online', 'parts' or 'ref'");
   }
   return out;
 }
@@ -362,6 +367,7 @@ void bind_kv_rows(py::module_& m) {
   m.def("attn_tile_step", &py_attn_tile_step, py::arg("dtype"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n"),
         py::arg("m"), py::arg("corr"), py::arg("o"), py::arg("widen") = false, py::arg("impl") = "simd");
   m.def("attn_full_rows", [] { return kAttnFullRows; });
+  m.def("attn_split", &attn_split, py::arg("len"), py::arg("lead"), py::arg("tile"));
   m.def("kv_row_bytes", [](const std::string& d, int64_t n) { return kv_row_bytes(kv_dtype_from_name(d), n); });
   m.def("kv_write", &py_kv_write, py::arg("dtype"), py::arg("x"), "x [rows, n] f32 -> stored rows [rows, bytes]");
   m.def("kv_read", &py_kv_read, py::arg("dtype"), py::arg("raw"), py::arg("n"), "stored rows -> [rows, n] f32");

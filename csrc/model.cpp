@@ -316,41 +316,70 @@ void add_bias(float* y, const std::vector<float>& b) {
 // A work item is (query run, KV head): a run is up to kAttnQueryRun consecutive tokens of one sequence (one
 // token where the layer has a window: each reads other rows), each cached K/V row is loaded once for all the
 // query heads that share it (GQA) and, tile by tile, for all the run's tokens (attend_run). Items go
-// round-robin to threads, since later tokens of a prompt attend over more positions.
+// round-robin to threads, since later tokens of a prompt attend over more positions. A decode step with fewer
+// items than threads splits each item in its two parts of keys (attn_split) instead.
 void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   const LayerWeights& L = layers_[il];
   const int src = hp_.kv_layer(il), n_kv = hp_.layer_n_head_kv(il);  // src: the layer whose K/V il reads
-  const int T = (int)b.size(), hd = hp_.layer_head_dim(il), kvd = hp_.layer_kv_dim(il), bs = kv.block_size();
+  const int T = (int)b.size(), hd = hp_.layer_head_dim(il), bs = kv.block_size();
   const int group = hp_.n_head / n_kv, qd = hp_.n_head * hd;
   const int window = hp_.is_local(il) ? hp_.n_swa : 0;
   const KVDType dt = kv.dtype();
   const size_t head_bytes = kv_row_bytes(dt, hd);  // one KV head's part of a slot's row
   const int tile = (kAttnTileRows + bs - 1) / bs * bs;  // keys per online-softmax step: whole blocks
-  for (int t = 0; t < T && src == il; t++) {
-    const std::vector<int32_t>& tab = *b.tables[t];
-    int p = b.pos[t];
-    kv_write_row(dt, k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
-    kv_write_row(dt, v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
-  }
+  if (src == il) store_kv(il, b, kv);
   query_runs(b, window > 0 ? 1 : kAttnQueryRun);
-  const int64_t items = (int64_t)(run_first_.size() - 1) * n_kv;
+  const int runs = (int)run_first_.size() - 1;
+  const int64_t items = (int64_t)runs * n_kv;
+  // Decode with fewer KV heads than threads (Gemma 3's one): each online query's two parts of keys
+  // (attn_split) on two threads, combined once both are done. A prompt's runs take the parts in one thread.
+  const int split = runs == T && items < pool.size() ? 1 : 0;
+  if (parts_.size() < (size_t)(items << split)) parts_.resize((size_t)(items << split));
+  struct Item {
+    AttnHead head;
+    QueryRun run;
+    int lo, n_rows, g;  // the rows [lo, lo + n_rows) of KV head g
+  };
+  auto item = [&](int64_t w, int* len) {  // run r's queries on KV head g (w = r · n_kv + g); len[] filled
+    const int r = (int)(w / n_kv), g = (int)(w % n_kv), t0 = run_first_[r], n = run_first_[r + 1] - t0;
+    const int last = b.pos[t0 + n - 1], lo = window > 0 ? std::max(0, last - window + 1) : 0;
+    for (int i = 0; i < n; i++) len[i] = b.pos[t0 + i] - lo + 1;
+    const size_t at = (size_t)t0 * qd + (size_t)g * group * hd;
+    const float* sinks = L.sinks.empty() ? nullptr : &L.sinks[g * group];
+    return Item{{dt, group, hd, hp_.attn_scale, hp_.attn_softcap, sinks},
+                {q_.data() + at, (size_t)qd, len, n, attn_.data() + at, (size_t)qd}, lo, last - lo + 1, g};
+  };
   auto work = [&](int ith, int nth) {
-    for (int64_t w = ith; w < items; w += nth) {
-      const int r = (int)(w / n_kv), g = (int)(w % n_kv), t0 = run_first_[r], n = run_first_[r + 1] - t0;
-      const std::vector<int32_t>& tab = *b.tables[t0];
-      const int last = b.pos[t0 + n - 1], lo = window > 0 ? std::max(0, last - window + 1) : 0;
+    for (int64_t w = ith; w < items << split; w += nth) {
       int len[kAttnQueryRun];
-      for (int i = 0; i < n; i++) len[i] = b.pos[t0 + i] - lo + 1;
-      std::vector<const uint8_t*>&krows = krows_[ith], &vrows = vrows_[ith];
-      head_rows(kv, src, tab, lo, last - lo + 1, g * head_bytes, krows, vrows);
-      const AttnHead head{dt, group, hd, hp_.attn_scale, hp_.attn_softcap, L.sinks.empty() ? nullptr : &L.sinks[g * group]};
-      const size_t at = (size_t)t0 * qd + (size_t)g * group * hd;
-      const QueryRun run{q_.data() + at, (size_t)qd, len, n, attn_.data() + at, (size_t)qd};
-      attend_run(head, run, krows.data(), vrows.data(), bs - lo % bs, tile, &scratch_[(size_t)ith * kAttnQueryRun]);
+      const Item it = item(w >> split, len);
+      head_rows(kv, src, *b.tables[run_first_[(w >> split) / n_kv]], it.lo, it.n_rows, it.g * head_bytes,
+                krows_[ith], vrows_[ith]);
+      const uint8_t *const *k = krows_[ith].data(), *const *v = vrows_[ith].data();
+      const int lead = bs - it.lo % bs;
+      if (!split) attend_run(it.head, it.run, k, v, lead, tile, &scratch_[(size_t)ith * kAttnQueryRun]);
+      else if (len[0] > kAttnFullRows) attend_part(it.head, it.run.q, k, v, len[0], lead, tile, (int)(w & 1), parts_[w]);
+      else if (!(w & 1)) attend_ref(it.head, it.run.q, k, v, len[0], parts_[w].s, it.run.out);
     }
   };
-  if (items <= 1) work(0, 1);
+  if ((items << split) <= 1) work(0, 1);
   else pool.run(work);
+  for (int64_t w = 0; split && w < items; w++) {
+    int len[kAttnQueryRun];
+    const Item it = item(w, len);
+    if (len[0] > kAttnFullRows) online_combine(it.head, parts_[2 * w].part[0], parts_[2 * w + 1].part[1], it.run.out);
+  }
+}
+
+// The batch's K and V rows (k_, v_) into their slots of layer il.
+void Model::store_kv(int il, const Batch& b, KVCache& kv) {
+  const int kvd = hp_.layer_kv_dim(il), bs = kv.block_size();
+  for (int t = 0; t < (int)b.size(); t++) {
+    const std::vector<int32_t>& tab = *b.tables[t];
+    const int p = b.pos[t];
+    kv_write_row(kv.dtype(), k_.data() + (size_t)t * kvd, kv.k(il, tab[p / bs], p % bs), kvd);
+    kv_write_row(kv.dtype(), v_.data() + (size_t)t * kvd, kv.v(il, tab[p / bs], p % bs), kvd);
+  }
 }
 
 // K and V rows [lo, lo + n) of a sequence (block table tab) in layer src, at byte offset `at` of each row (a

@@ -139,6 +139,7 @@ class Model {
   std::vector<float> vec(const std::string& name, int64_t n, bool optional = false) const;
   void attention(int layer, const Batch& b, KVCache& kv, ThreadPool& pool);
   void query_runs(const Batch& b, int most);
+  void store_kv(int il, const Batch& b, KVCache& kv);
   static void head_rows(KVCache& kv, int src, const std::vector<int32_t>& tab, int lo, int n, size_t at,
                         std::vector<const uint8_t*>& krows, std::vector<const uint8_t*>& vrows);
   void layer(int il, const Batch& b, KVCache& kv, ThreadPool& pool);
@@ -166,6 +167,7 @@ class Model {
   std::vector<float> rope_cs_;  // [global, local][T][cs_stride()]: cos/sin of each token's position
   int cs_stride() const { return std::max(hp_.rope_dim, hp_.rope_dim_swa); }
   std::vector<AttnScratch> scratch_;  // [threads × kAttnQueryRun]: attend_run's buffers, a query's each
+  std::vector<AttnScratch> parts_;    // [2 · decode items]: a decoded query's parts of keys, one per thread
   std::vector<int> run_first_;        // [runs + 1]: the step's query runs (query_runs), then T
   std::vector<std::vector<const uint8_t*>> krows_, vrows_;  // per thread: [context] the K / V rows attended (kv_rows.h)
   ActBuffer act_;

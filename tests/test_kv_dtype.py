@@ -208,6 +208,28 @@ def test_online_softmax_agrees_with_the_full_one(dtype, group, hd, length, lead,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length,lead,tile", [(1, 16, 128), (16, 16, 128), (17, 16, 128), (50, 1, 16),
+                                              (1025, 16, 128), (1300, 3, 32), (4097, 16, 128)])
+def test_the_two_parts_of_keys_give_the_online_kernels_bits(dtype, length, lead, tile):
+    """A decode step with fewer KV heads than threads gives a query's two parts of keys (attn_split: at a tile
+    boundary near the middle) to two threads, each in its own scratch, and combines them: attend_online's bits,
+    which take the same parts one after the other; with sinks (part 0's) and soft-capping too."""
+    rng = np.random.default_rng(length + lead)
+    group, hd = 4, 64
+    k, v = T.kv_write(dtype, rows(rng, length, hd)), T.kv_write(dtype, rows(rng, length, hd))
+    q = rows(rng, group, hd, scale=0.5)
+    split = T.attn_split(length, lead, tile)
+    first = min(lead, length)
+    assert split == length if length <= lead else first <= split < length and (split - first) % tile == 0
+    assert abs(split - (length - split)) <= tile + lead  # near the middle
+    for softcap, sinks in ((0.0, []), (5.0, []), (0.0, list(rng.standard_normal(group) * 3))):
+        args = (dtype, q, k, v, hd ** -0.5, softcap, sinks, lead, tile)
+        online = T.attend(*args, impl="online")
+        assert np.array_equal(T.attend(*args, impl="parts"), online)
+        np.testing.assert_allclose(online, T.attend(*args, impl="ref"), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lens,lead", [([1020, 1024, 1025, 1026, 1100, 1152, 1153, 1300], 16),
                                        ([1300, 1029, 1301], 3), ([7], 16), ([1025], 1)])
 def test_a_query_run_is_each_query_alone(dtype, lens, lead):

@@ -391,7 +391,8 @@ def test_protocol_models_are_built_after_start():
             "print(sum(not m.__pydantic_complete__ for m in models), len(models))\n"
             "print(trio.run(protocol.build_deferred), trio.run(protocol.build_deferred))\n"
             "print(sum(not m.__pydantic_complete__ for m in models))\n"
-            "print(protocol.ChatCompletionRequest.model_validate({'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}]}).model)\n")
+            "hi = {'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}]}\n"
+            "print(protocol.ChatCompletionRequest.model_validate(hi).model)\n")
     out = _fresh_python(code).split("\n")
     deferred, total = map(int, out[0].split())
     assert total >= 40 and deferred == total, out

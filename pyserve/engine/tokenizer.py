@@ -393,8 +393,8 @@ def read_parts(meta: Mapping[str, Any]) -> dict[str, Any]:
     return {"model": model, "pre": pre, "texts": tuple(PackedTexts.pack(tokens)),
             "types": bytes(t if 0 <= t < 256 else 0 for t in types),
             "scores": _scores(meta, len(tokens)) if model == "llama" else b"", "attrs": bytes(attrs),
-            "piece_bytes": Pieces.parts(piece_bytes), "specials": astuple(specials), "eos_ids": eos_ids, "fim": astuple(fim),
-            "recipe": tuple(recipe), "added": _added(attrs, rstrip)}
+            "piece_bytes": Pieces.parts(piece_bytes), "specials": astuple(specials), "eos_ids": eos_ids,
+            "fim": astuple(fim), "recipe": tuple(recipe), "added": _added(attrs, rstrip)}
 
 
 def _scores(meta: Mapping[str, Any], n: int) -> bytes:
