@@ -338,7 +338,7 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
   struct Item {
     AttnHead head;
     QueryRun run;
-    int lo, n_rows, g;  // the rows [lo, lo + n_rows) of KV head g
+    int t0, lo, n_rows, g;  // the run's first token; the rows [lo, lo + n_rows) of KV head g
   };
   auto item = [&](int64_t w, int* len) {  // run r's queries on KV head g (w = r · n_kv + g); len[] filled
     const int r = (int)(w / n_kv), g = (int)(w % n_kv), t0 = run_first_[r], n = run_first_[r + 1] - t0;
@@ -347,14 +347,13 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
     const size_t at = (size_t)t0 * qd + (size_t)g * group * hd;
     const float* sinks = L.sinks.empty() ? nullptr : &L.sinks[g * group];
     return Item{{dt, group, hd, hp_.attn_scale, hp_.attn_softcap, sinks},
-                {q_.data() + at, (size_t)qd, len, n, attn_.data() + at, (size_t)qd}, lo, last - lo + 1, g};
+                {q_.data() + at, (size_t)qd, len, n, attn_.data() + at, (size_t)qd}, t0, lo, last - lo + 1, g};
   };
   auto work = [&](int ith, int nth) {
     for (int64_t w = ith; w < items << split; w += nth) {
       int len[kAttnQueryRun];
       const Item it = item(w >> split, len);
-      head_rows(kv, src, *b.tables[run_first_[(w >> split) / n_kv]], it.lo, it.n_rows, it.g * head_bytes,
-                krows_[ith], vrows_[ith]);
+      head_rows(kv, src, *b.tables[it.t0], it.lo, it.n_rows, it.g * head_bytes, krows_[ith], vrows_[ith]);
       const uint8_t *const *k = krows_[ith].data(), *const *v = vrows_[ith].data();
       const int lead = bs - it.lo % bs;
       if (!split) attend_run(it.head, it.run, k, v, lead, tile, &scratch_[(size_t)ith * kAttnQueryRun]);
