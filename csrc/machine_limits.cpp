@@ -24,18 +24,39 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The OR of bytes [p, p + n) as 64-bit words (n a multiple of 256): four loads in flight per pass.
+// The OR of bytes [p, p + n) as 64-bit words (n a multiple of 256), read as the 512-bit decode kernels read
+// (packed.cpp): each line prefetched into L2 16 KB ahead and into L1 4 KB ahead, 64-byte loads where the
+// CPU has them. On this machine, alternated passes: 13-15 % more than 32-byte loads with only an L1 prefetch
+// 2 KB ahead (the loop before; the faster read is the limit: docs/BENCHMARKS.md 2026-12-06, night).
 uint64_t or_reduce(const uint8_t* p, size_t n) {
 #if PS_AVX2
+  auto ahead = [p](size_t i) {
+    for (size_t l = 0; l < 128; l += 64) {
+      _mm_prefetch((const char*)p + i + 16384 + l, _MM_HINT_T1);
+      _mm_prefetch((const char*)p + i + 4096 + l, _MM_HINT_T0);
+    }
+  };
+#if PS_AVX512BW
+  __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (size_t i = 0; i < n; i += 128) {
+    ahead(i);
+    for (int k = 0; k < 2; k++) a[k] = _mm512_or_si512(a[k], _mm512_load_si512((const void*)(p + i + 64 * k)));
+  }
+  const __m512i v = _mm512_or_si512(a[0], a[1]);
+  const __m256i folded = _mm256_or_si256(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  alignas(32) uint64_t w[4];
+  _mm256_store_si256((__m256i*)w, folded);
+  return w[0] | w[1] | w[2] | w[3];
+#else
   __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
   for (size_t i = 0; i < n; i += 128) {
-    _mm_prefetch((const char*)p + i + 2048, _MM_HINT_T0);
-    _mm_prefetch((const char*)p + i + 2048 + 64, _MM_HINT_T0);
+    ahead(i);
     for (int k = 0; k < 4; k++) a[k] = _mm256_or_si256(a[k], _mm256_load_si256((const __m256i*)(p + i + 32 * k)));
   }
   alignas(32) uint64_t w[4];
   _mm256_store_si256((__m256i*)w, _mm256_or_si256(_mm256_or_si256(a[0], a[1]), _mm256_or_si256(a[2], a[3])));
   return w[0] | w[1] | w[2] | w[3];
+#endif
 #else
   uint64_t a = 0, b = 0;
   for (size_t i = 0; i < n; i += 16) {

@@ -168,6 +168,12 @@ inline __m256i dot32(const __m256i* w, const int8_t* x, __m256i s0) {
 // in cache it also saves L2 round trips. Many columns (compute-dense): the same block of the next group,
 // one group ahead (measured: 74 vs 115 GMAC/s from DRAM vs from cache at 8 columns).
 constexpr size_t PREFETCH_AHEAD = 1536;
+// The 512-bit one-column kernels (group_pair_z, q8_0_pair_z) spend fewer instructions per byte and run
+// further ahead of their loads: into L1 4 KB ahead (Q6_K 4-5 %, Q4_K ~2 % faster than 1.5 KB; 1-12 KB
+// tried), and into L2 16 KB ahead (8 KB: 5-9 % more, 16 KB 3-5 % more again; then the L1 prefetch finds its
+// line in L2 and holds a fill buffer for a short while), alternated passes of 2 threads from memory,
+// docs/BENCHMARKS.md 2026-12-06 (night).
+constexpr size_t PREFETCH_AHEAD_Z = 4096, PREFETCH_FAR_Z = 16384;
 // Each line of one block's bytes from p on.
 template <class PB>
 inline void prefetch_block(const char* p) {
@@ -283,16 +289,24 @@ void group_kmin(const uint8_t* blocks, int64_t nb, const uint8_t* act, size_t st
   for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * os, acc[c]);
 }
 
-// The address decode prefetches for block i of group g (0 or 1) of a pair that starts at b0 (group 1 follows
-// group 0): PREFETCH_AHEAD bytes on, except that past group 0's end, where group 1's lines are already in, it
-// is the same distance into the next pair's group 1 (3 groups on), whose start would otherwise come in on demand.
-template <class PB>
-inline const char* pair_ahead(const PB* b0, int64_t nb, int64_t i, int g) {
-  const char* p = (const char*)(b0 + g * nb + i) + PREFETCH_AHEAD;
-  return g == 1 || p < (const char*)(b0 + nb) ? p : p + 2 * nb * sizeof(PB);
-}
+// Where decode prefetches: a distance further along the order in which the pair kernels read a thread's
+// groups (the two groups of a pair side by side, block by block, then the next pair), so that past a pair's
+// end it lands in the next pair at the same offset. Both groups' targets move one block per step.
+class PairStream {
+ public:
+  PairStream(size_t group_bytes, size_t dist) : group_(group_bytes), pairs_(dist / group_bytes), off_(dist % group_bytes) {}
+  // The target for group g (0 or 1) of the pair whose group 0 starts at b0.
+  const char* at(const void* b0, int g) const { return (const char*)b0 + (2 * pairs_ + g) * group_ + off_; }
+  void advance(size_t block_bytes) {  // block_bytes <= group_bytes
+    off_ += block_bytes;
+    if (off_ >= group_) off_ -= group_, pairs_++;
+  }
 
-// Decode's prefetch of a block PREFETCH_AHEAD bytes ahead, issued an eighth at a time through the chain of
+ private:
+  size_t group_, pairs_, off_;
+};
+
+// Decode's prefetch of a block PREFETCH_AHEAD (or _Z) bytes ahead, issued an eighth at a time through the chain of
 // the block before it rather than all at once: a burst of 20-27 prefetches fills the core's line-fill
 // buffers and stalls the arithmetic behind it (the stalls showed in `perf` on the prefetch instructions).
 struct SpreadPrefetch {
@@ -329,10 +343,11 @@ void group_pair(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, cons
   const PB* b1 = (const PB*)blocks1;
   const AB* a = (const AB*)act;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; i++) {
+  PairStream ahead(nb * sizeof(PB), PREFETCH_AHEAD);
+  for (int64_t i = 0; i < nb; i++, ahead.advance(sizeof(PB))) {
     constexpr size_t lines = (sizeof(PB) + 63) / 64;
-    acc0 = Step(b0[i], a[i], acc0, {pair_ahead(b0, nb, i, 0), lines});
-    acc1 = Step(b1[i], a[i], acc1, {pair_ahead(b0, nb, i, 1), lines});
+    acc0 = Step(b0[i], a[i], acc0, {ahead.at(b0, 0), lines});
+    acc1 = Step(b1[i], a[i], acc1, {ahead.at(b0, 1), lines});
   }
   _mm256_storeu_ps(out0, acc0);
   _mm256_storeu_ps(out1, acc1);
@@ -427,6 +442,21 @@ inline __m512i rows16(const T* p) {
   if constexpr (std::is_signed_v<T>) return _mm512_cvtepi8_epi32(_mm_set1_epi64x(v));
   else return _mm512_cvtepu8_epi32(_mm_set1_epi64x(v));
 }
+// rows16 of unsigned bytes in one instruction where VBMI has a byte permute that reads its table from memory
+// (a 64-byte read from p: Q4_K's scales lie 72+ bytes before its block's end). Q4_K's stream 2-3 % faster;
+// Q6_K's signed scales (a permute and a shift, over split lines) measured slower, so they keep rows16.
+inline __m512i rows16_u(const uint8_t* p) {
+#ifdef __AVX512VBMI__
+  alignas(64) static constexpr struct Idx { int8_t b[64]; } idx = [] {
+    Idx x{};
+    for (int l = 0; l < 16; l++) x.b[4 * l] = (int8_t)(l % 8);  // lane l's low byte: row l % 8's
+    return x;
+  }();
+  return _mm512_maskz_permutexvar_epi8(0x1111111111111111ull, _mm512_load_si512(idx.b), _mm512_loadu_si512(p));
+#else
+  return rows16(p);
+#endif
+}
 // Two halves of 16-bit counts.
 inline __m512i counts16(short lo, short hi) {
   return _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1);
@@ -443,7 +473,7 @@ struct Q4KZ {
     l = _mm512_dpbusd_epi32(l, _mm512_and_si512(v1, lo), x.v[1]);
     __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v0, hi), x.v[2]);
     h = _mm512_dpbusd_epi32(h, _mm512_and_si512(v1, hi), x.v[3]);
-    const __m512i s = rows16(b.sc[j]);
+    const __m512i s = rows16_u(b.sc[j]);
     return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(tot, l, s), _mm512_srai_epi32(h, 4), s);
   }
   static __m256 finish(const PB& b, const block_q8_K& a, __m512i tot, __m256 acc) {
@@ -490,11 +520,13 @@ void q8_0_pair_z(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, con
   float* out[2] = {out0, out1};
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const __m512i flip = _mm512_set1_epi8((char)0x80);
-  for (int64_t i = 0; i < nb; i++) {
+  PairStream near(nb * sizeof(pblock_q8_0), PREFETCH_AHEAD_Z), far(nb * sizeof(pblock_q8_0), PREFETCH_FAR_Z);
+  for (int64_t i = 0; i < nb; i++, near.advance(sizeof(pblock_q8_0)), far.advance(sizeof(pblock_q8_0))) {
     const ActQuads x = act_quads(a[i].qs);
     const __m256 da = _mm256_set1_ps(a[i].d);
     for (int g = 0; g < 2; g++) {
-      prefetch_block<pblock_q8_0>(pair_ahead(b[0], nb, i, g));
+      prefetch_block<pblock_q8_0>(near.at(b[0], g));
+      for (size_t l = 0; l < sizeof(pblock_q8_0); l += 64) _mm_prefetch(far.at(b[0], g) + l, _MM_HINT_T1);
       __m512i s = _mm512_maskz_set1_epi32(0x00FF, -128 * a[i].sum);
       for (int h = 0; h < 4; h++)
         s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(_mm512_loadu_si512(b[g][i].q + 64 * h), flip), x.v[h]);
@@ -503,6 +535,47 @@ void q8_0_pair_z(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, con
     }
   }
   for (int g = 0; g < 2; g++) _mm256_storeu_ps(out[g], acc[g]);
+}
+
+// A prefetch (into L1, or L2 with FAR) that the compiler keeps where it stands among the arithmetic: it
+// gathers _mm_prefetch calls into one burst, the stall SpreadPrefetch avoids.
+template <bool FAR>
+inline void prefetch_here(const char* p) {
+  if constexpr (FAR) __asm__ volatile("prefetcht1 %0" : : "m"(*p));
+  else __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+}
+
+// Step J's share of a block's LINES lines from p on (SpreadPrefetch::part's), at constant offsets: without
+// part's loop, ~12 instructions per step.
+template <bool FAR, size_t L0, size_t... L>
+inline void prefetch_lines(const char* p, std::index_sequence<L...>) { (prefetch_here<FAR>(p + 64 * (L0 + L)), ...); }
+template <size_t LINES, size_t J, bool FAR = false>
+inline void prefetch_part(const char* p) {
+  constexpr size_t l0 = LINES * J / SpreadPrefetch::PARTS, l1 = LINES * (J + 1) / SpreadPrefetch::PARTS;
+  prefetch_lines<FAR, l0>(p, std::make_index_sequence<l1 - l0>{});
+}
+
+// The four addresses a pair's block prefetches: each group's, into L1 and into L2.
+struct PairPrefetch {
+  const char *near[2], *far[2];
+};
+
+// One block of both groups of a pair, its 8 steps unrolled.
+template <class K, size_t... J>
+inline void pair_block(const typename K::PB& b0, const typename K::PB& b1, const block_q8_K& a,
+                       const PairPrefetch& pf, __m512i& t0, __m512i& t1, std::index_sequence<J...>) {
+  constexpr size_t lines = (sizeof(typename K::PB) + 63) / 64;
+  auto step = [&](auto j) {
+    constexpr int s = decltype(j)::value;
+    for (int g = 0; g < 2; g++) {
+      prefetch_part<lines, s>(pf.near[g]);
+      prefetch_part<lines, s, true>(pf.far[g]);
+    }
+    const ActQuads x = act_quads(a.qs + 32 * s);
+    t0 = K::step(b0, a, s, x, t0);
+    t1 = K::step(b1, a, s, x, t1);
+  };
+  (step(std::integral_constant<int, (int)J>{}), ...);
 }
 
 // group_pair on 512-bit vectors: the same outputs, bit for bit. K: Q4KZ or Q6KZ.
@@ -514,17 +587,11 @@ void group_pair_z(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, co
   const PB* b1 = (const PB*)blocks1;
   const block_q8_K* a = (const block_q8_K*)act;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  constexpr size_t lines = (sizeof(PB) + 63) / 64;
-  for (int64_t i = 0; i < nb; i++) {
-    const SpreadPrefetch pf0{pair_ahead(b0, nb, i, 0), lines}, pf1{pair_ahead(b0, nb, i, 1), lines};
+  PairStream near(nb * sizeof(PB), PREFETCH_AHEAD_Z), far(nb * sizeof(PB), PREFETCH_FAR_Z);
+  for (int64_t i = 0; i < nb; i++, near.advance(sizeof(PB)), far.advance(sizeof(PB))) {
     __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
-    for (int j = 0; j < 8; j++) {
-      pf0.part(j);
-      pf1.part(j);
-      const ActQuads x = act_quads(a[i].qs + 32 * j);
-      t0 = K::step(b0[i], a[i], j, x, t0);
-      t1 = K::step(b1[i], a[i], j, x, t1);
-    }
+    const PairPrefetch pf{{near.at(b0, 0), near.at(b0, 1)}, {far.at(b0, 0), far.at(b0, 1)}};
+    pair_block<K>(b0[i], b1[i], a[i], pf, t0, t1, std::make_index_sequence<8>{});
     acc0 = K::finish(b0[i], a[i], t0, acc0);
     acc1 = K::finish(b1[i], a[i], t1, acc1);
   }

@@ -141,6 +141,27 @@ def int8_peaks(threads: int) -> dict:
     return peaks
 
 
+def decode_share(path: str, threads: int, rounds: int = 8, tokens: int = 16) -> float:
+    """Decode's share of the read bandwidth measured in the same seconds: `rounds` times, a read (bench_bandwidth.py's
+    loop, the best of 3 passes over 1 GiB), `tokens` decoded tokens, another read; the median over the rounds
+    of the weight bytes read per second over the mean of its two reads. On a shared machine whose bandwidth
+    swings 2x from one minute to the next, the best decode over the best read mixes different minutes."""
+    import statistics
+
+    from bench_engine import one_stream_decode, synthetic_prompt
+    from pyserve import _engine
+
+    eng = _engine.Engine(path, n_threads=threads, enable_prefix_caching=False)
+    vocab, per_tok = eng.hparams["n_vocab"], per_token(path)[0]
+    one_stream_decode(eng, synthetic_prompt(8, vocab, 2), 4, "warm")  # the weights touched once
+    shares = []
+    for r in range(rounds):
+        before = read_bandwidth(threads, 1024, 3)
+        tok_s = one_stream_decode(eng, synthetic_prompt(8, vocab, 3 + r), tokens, f"share{r}")
+        shares.append(tok_s * per_tok / ((before + read_bandwidth(threads, 1024, 3)) / 2))
+    return statistics.median(shares)
+
+
 def llama_bench(binary: str, lib: str | None, path: str, threads: int) -> dict:
     """llama-bench's prefill and decode tokens/s on `path`; {} if it fails (its error printed)."""
     cmd = [binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "64", "-r", "1", "-o", "json"]

@@ -3,8 +3,9 @@ reference and of the engine's path (the packed kernels of packed.h for Q4_0 … 
 kernels for the other types) at 1 and 32 columns, then the packed matmul in GMAC/s per thread at 1 / 8 /
 16 columns against the scalar reference, a 4096-wide matrix-vector product streamed from memory for Q4_K
 and the 4-bit-and-smaller per-row types (GB/s of weight bytes), one packed Q8_0 matrix-vector product, and
-(without --quick) Q4_K and Q6_K decode products over 1.4-2 GB of packed weights with 2 threads, which
---stream runs alone (--repeat N times, to set one build's kernels beside another's).
+(without --quick) Q4_K, Q6_K and Q8_0 decode products over 1.4-2.6 GB of packed weights with 2 threads, each
+pass beside a pass of the read bandwidth's loop (csrc/machine_limits.h), which --stream runs alone (--repeat N
+times, to set one build's kernels beside another's).
 
 The Python bindings quantize the activation on every call, which would swamp a 100 ns kernel, so this
 script compiles a small C++ driver against csrc/quant.cpp (same flags as the engine: -O3 -march=native)
@@ -19,9 +20,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DRIVER = r"""
+#include "machine_limits.h"
 #include "packed.h"
 #include "quant.h"
 #include "simd.h"
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -105,34 +108,44 @@ struct Rows {
 
 // Decode at size: the packed one-column product streamed from memory by 2 threads (each half of the
 // groups), over three 393,216 x 2,048 matrices of a type (1.4 GB of Q4_K, 2 GB of Q6_K: past even a 300 MB
-// L3, which the 4096-row figures above are not), the best of 5 passes, GB/s of packed weight bytes.
+// L3, which the 4096-row figures above are not), GB/s of packed weight bytes: the best and the median of 9
+// passes, each followed by machine_limits' read (the best of 3 passes over 1 GiB), and the median of the ratios
+// (the kernel's share of the read measured in the same seconds: a shared machine's bandwidth swings 2x).
+static double stream_pass(const std::vector<std::unique_ptr<Rows>>& ws, const std::vector<uint8_t>& act,
+                          std::vector<float>& out) {
+  auto t0 = clk::now();
+  for (auto& w : ws) {
+    const PackedWeight& p = *w->packed;
+    const int64_t half = p.n_groups / 2;
+    std::thread other([&] { packed_tile(p, half, p.n_groups, act.data(), 0, 1, out.data() + 8 * half, 0); });
+    packed_tile(p, 0, half, act.data(), 0, 1, out.data(), 0);
+    other.join();
+  }
+  return std::chrono::duration<double>(clk::now() - t0).count();
+}
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 static void stream_section() {
-  if (packable(GGMLType::Q4_K)) {
-    std::printf("\npacked matrix-vector streamed from memory, 2 threads, 3 x 393216 x 2048\n");
-    for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
-      std::vector<std::unique_ptr<Rows>> ws;
-      for (int m = 0; m < 3; m++) {
-        ws.push_back(std::make_unique<Rows>(t, 2048, 393216));
-        std::vector<uint8_t>().swap(ws.back()->raw);  // the engine hands the file's pages back once packed
-      }
-      const auto act = ws[0]->activations(1);
-      std::vector<float> out(393216);
-      const PackedWeight& p0 = *ws[0]->packed;
-      const double bytes = 3.0 * p0.n_groups * p0.group_bytes;
-      double best = 1e30;
-      for (int pass = 0; pass < 5; pass++) {
-        auto t0 = clk::now();
-        for (auto& w : ws) {
-          const PackedWeight& p = *w->packed;
-          const int64_t half = p.n_groups / 2;
-          std::thread other([&] { packed_tile(p, half, p.n_groups, act.data(), 0, 1, out.data() + 8 * half, 0); });
-          packed_tile(p, 0, half, act.data(), 0, 1, out.data(), 0);
-          other.join();
-        }
-        best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
-      }
-      std::printf("%-5s %8.1f GB/s\n", type_traits((uint32_t)t)->name, bytes / best / 1e9);
+  if (!packable(GGMLType::Q4_K)) return;
+  std::printf("\npacked matrix-vector streamed from memory, 2 threads, 3 x 393216 x 2048 (GB/s; vs the read)\n");
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q8_0}) {
+    std::vector<std::unique_ptr<Rows>> ws;
+    for (int m = 0; m < 3; m++) {
+      ws.push_back(std::make_unique<Rows>(t, 2048, 393216));
+      std::vector<uint8_t>().swap(ws.back()->raw);  // the engine hands the file's pages back once packed
     }
+    const auto act = ws[0]->activations(1);
+    std::vector<float> out(393216);
+    const double bytes = 3.0 * ws[0]->packed->n_groups * ws[0]->packed->group_bytes;
+    std::vector<double> rate, share;
+    for (int pass = 0; pass < 9; pass++) {
+      rate.push_back(bytes / stream_pass(ws, act, out) / 1e9);
+      share.push_back(rate.back() / (read_bandwidth(2, 1u << 30, 3) / 1e9));
+    }
+    std::printf("%-5s best %5.1f  median %5.1f  median share of the read %5.1f %%\n", type_traits((uint32_t)t)->name,
+                *std::max_element(rate.begin(), rate.end()), median(rate), 100 * median(share));
   }
 }
 
@@ -233,6 +246,7 @@ def main():
             f.write(DRIVER)
         cmd = [a.cxx, "-std=c++17", "-O3", "-march=native", "-pthread", "-I", os.path.join(ROOT, "csrc"), src,
                os.path.join(ROOT, "csrc", "quant.cpp"), os.path.join(ROOT, "csrc", "packed.cpp"),
+               os.path.join(ROOT, "csrc", "machine_limits.cpp"),
                # packed.cpp hands 16+ columns to the AMX kernels where the CPU has them (as CMakeLists.txt builds it)
                "-mamx-tile", "-mamx-int8", os.path.join(ROOT, "csrc", "packed_amx.cpp"), "-o", exe]
         print(" ".join(cmd[:5]) + " ...", file=sys.stderr)

@@ -8,9 +8,10 @@ each figure against its limit.
 One row a figure, `| area | case | pyserve | llama.cpp | pyserve vs llama.cpp | against its limit |`, the areas
 measured one after another by the scripts that own them (their own docstrings say how):
 - sizes (bench_families.py: its random-weight files at real shapes, written into --folder or reused): decode
-  tok/s, its weight bytes read per second as a share of this machine's read bandwidth, and 512-token prefill
+  tok/s, its weight bytes read per second as a share of this machine's read bandwidth (and, bench_families'
+  decode_share, the median share of the read measured in the same seconds), and 512-token prefill
   tok/s, its weight multiply-adds per second as a share of the vpdpbusd and AMX int8 peaks (the limits
-  measured before and after the runs, the best of the two kept: csrc/machine_limits.h); llama.cpp: `llama-bench -p 512 -n 64` (--llama-bench).
+  measured before each file's runs and after the last, the best kept: csrc/machine_limits.h); llama.cpp: `llama-bench -p 512 -n 64` (--llama-bench).
 - long context (bench_long_context.py on --long-model, default the default model): prefill of each --depths
   prompt and decode at that depth, f16 KV; llama.cpp: llama-bench with flash attention on. Limit: ≥ 1.0×.
 - a machine that is not idle (bench_busy.py, the default model): prefill and decode beside 1 and 2 CPU hogs at
@@ -65,17 +66,20 @@ def limits(threads: int, before: tuple | None = None) -> tuple[float, dict]:
 
 def sizes(args) -> None:
     figures = {}
-    start = limits(args.threads)
+    lim = None
     for name in args.families.split(","):
+        lim = limits(args.threads, lim)  # before each file's runs, and after the last: the best of all
         path = families.write(args.folder, name)
         figures[name] = (path, *families.side_by_side(path, args.threads, args.rounds, args.llama_bench,
                                                       args.llama_lib))
-    bw, peaks = limits(args.threads, start)  # measured again after the runs: the best of both
+    bw, peaks = limits(args.threads, lim)
     for name, (path, ours, theirs) in figures.items():
         read, macs = families.per_token(path)
         dec, pre = ours["decode_tok_s"], ours["prefill_tok_s"]
+        same = families.decode_share(path, args.threads)
         row("sizes", f"{name}: decode", dec, theirs.get("decode_tok_s"),
-            f"{100 * dec * read / bw:.0f} % of the {bw / 1e9:.1f} GB/s read bandwidth", "tok/s")
+            f"{100 * dec * read / bw:.0f} % of the {bw / 1e9:.1f} GB/s read bandwidth; {100 * same:.0f} % of the "
+            "read in the same seconds", "tok/s")
         row("sizes", f"{name}: 512-token prefill", pre, theirs.get("prefill_tok_s"),
             families.peak_shares(pre * macs, peaks), "tok/s")
 
