@@ -353,12 +353,13 @@ void Model::attention(int il, const Batch& b, KVCache& kv, ThreadPool& pool) {
     for (int64_t w = ith; w < items << split; w += nth) {
       int len[kAttnQueryRun];
       const Item it = item(w >> split, len);
+      if (split && (w & 1) && len[0] <= kAttnFullRows) continue;  // a full-kernel query is its even item's alone
       head_rows(kv, src, *b.tables[it.t0], it.lo, it.n_rows, it.g * head_bytes, krows_[ith], vrows_[ith]);
       const uint8_t *const *k = krows_[ith].data(), *const *v = vrows_[ith].data();
       const int lead = bs - it.lo % bs;
       if (!split) attend_run(it.head, it.run, k, v, lead, tile, &scratch_[(size_t)ith * kAttnQueryRun]);
       else if (len[0] > kAttnFullRows) attend_part(it.head, it.run.q, k, v, len[0], lead, tile, (int)(w & 1), parts_[w]);
-      else if (!(w & 1)) attend_ref(it.head, it.run.q, k, v, len[0], parts_[w].s, it.run.out);
+      else attend_ref(it.head, it.run.q, k, v, len[0], parts_[w].s, it.run.out);
     }
   };
   if ((items << split) <= 1) work(0, 1);

@@ -174,10 +174,10 @@ constexpr size_t PREFETCH_AHEAD = 1536;
 // line in L2 and holds a fill buffer for a short while), alternated passes of 2 threads from memory,
 // docs/BENCHMARKS.md 2026-12-06 (night).
 constexpr size_t PREFETCH_AHEAD_Z = 4096, PREFETCH_FAR_Z = 16384;
-// Each line of one block's bytes from p on.
-template <class PB>
+// Each line of one block's bytes from p on, into L1 (or with HINT _MM_HINT_T1, into L2).
+template <class PB, auto HINT = _MM_HINT_T0>  // auto: the hint keeps its type (an enum in GCC, an int in Clang)
 inline void prefetch_block(const char* p) {
-  for (size_t l = 0; l < sizeof(PB); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+  for (size_t l = 0; l < sizeof(PB); l += 64) _mm_prefetch(p + l, HINT);
 }
 template <int NC, class PB>
 inline void prefetch_weights(const PB* b, int64_t nb, int64_t i) {
@@ -306,7 +306,7 @@ class PairStream {
   size_t group_, pairs_, off_;
 };
 
-// Decode's prefetch of a block PREFETCH_AHEAD (or _Z) bytes ahead, issued an eighth at a time through the chain of
+// Decode's prefetch of a block PREFETCH_AHEAD bytes ahead, issued an eighth at a time through the chain of
 // the block before it rather than all at once: a burst of 20-27 prefetches fills the core's line-fill
 // buffers and stalls the arithmetic behind it (the stalls showed in `perf` on the prefetch instructions).
 struct SpreadPrefetch {
@@ -526,7 +526,7 @@ void q8_0_pair_z(const uint8_t* blocks0, const uint8_t* blocks1, int64_t nb, con
     const __m256 da = _mm256_set1_ps(a[i].d);
     for (int g = 0; g < 2; g++) {
       prefetch_block<pblock_q8_0>(near.at(b[0], g));
-      for (size_t l = 0; l < sizeof(pblock_q8_0); l += 64) _mm_prefetch(far.at(b[0], g) + l, _MM_HINT_T1);
+      prefetch_block<pblock_q8_0, _MM_HINT_T1>(far.at(b[0], g));
       __m512i s = _mm512_maskz_set1_epi32(0x00FF, -128 * a[i].sum);
       for (int h = 0; h < 4; h++)
         s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(_mm512_loadu_si512(b[g][i].q + 64 * h), flip), x.v[h]);
