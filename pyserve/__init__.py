@@ -1,9 +1,10 @@
 """pyserve: a local LLM server with a C++ GGUF engine and an OpenAI-compatible API.
 
-Layers, bottom to top (a module imports only from its own layer or those below it):
-`engine` (LLM, AsyncLLM, tokenizer, sampling) → `openai` (protocol, serving, chat templates, SSE) →
-`server` (the app, its routes and edge, metrics, the Hypercorn runner) → `cli`. `bench` is a client of
-any OpenAI-compatible server and imports none of them.
+Layers, bottom to top (a module imports only from its own layer or those below it; docs/ARCHITECTURE.md):
+`engine` (LLM, AsyncLLM, tokenizer, sampling) → `api` (each endpoint family's protocol models and serving
+over a shared base: chat, completions, responses, messages, pooling, infill, tokens; replies and event
+streams, never bytes) → `server` (the app, its routes and edge, the wire: HTTP, SSE framing; metrics, the
+Hypercorn runner) → `cli`. `bench` is a client of any OpenAI-compatible server and imports none of them.
 """
 from .engine.outputs import CompletionOutput, RequestOutput
 from .engine.sampling_params import SamplingParams

@@ -173,8 +173,8 @@ def _generate_parser(sub) -> None:
 
 
 def _serve_parser(sub) -> None:
-    from .openai.tool_parsers import TOOL_PARSERS  # pure Python: cheap to import for --help
-    from .openai.reasoning import REASONING_PARSERS
+    from .api.chat.reasoning import REASONING_PARSERS  # pure Python: cheap to import for --help
+    from .api.chat.tool_parsers import TOOL_PARSERS
 
     from .engine.options import EngineOptions
 

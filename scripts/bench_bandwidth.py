@@ -1,6 +1,6 @@
 """This machine's memory read bandwidth, STREAM-style: T threads each read their share of a buffer far larger
 than the caches, with vector loads and a software prefetch (the engine's `testing.read_bandwidth`,
-csrc/machine_limits.h). Decode at size is a memory-bandwidth problem: a model's decode tokens/s × the weight
+csrc/kernels/machine_limits.h). Decode at size is a memory-bandwidth problem: a model's decode tokens/s × the weight
 bytes read per token, over this figure, is the fraction of the limit it reaches (docs/BENCHMARKS.md).
 
     PYTHONPATH=. python scripts/bench_bandwidth.py [--threads 2] [--mib 2048] [--rounds 5] [--numpy]

@@ -1,4 +1,4 @@
-"""The gated delta rule's kernel alone (csrc/delta_rule.cpp through _engine.testing.delta_rule), SIMD beside its
+"""The gated delta rule's kernel alone (csrc/kernels/delta_rule.cpp through _engine.testing.delta_rule), SIMD beside its
 scalar twin, one thread, at a DeltaNet layer's shape: per value head a head_k × head_v state over a run of
 tokens (a prefill chunk), every head of the layer in turn.
 

@@ -3,7 +3,7 @@
     python3 scripts/bench_families.py [--llama-bench BIN/llama-bench [--llama-lib DIR]] [--families ...] [--rounds 2]
         [--folder DIR]
 
-Each family's file is written by tests/model_factory.py with random weights (they run at the speed of real
+Each family's file is written by tests/support/model_factory.py with random weights (they run at the speed of real
 ones) at the real model's widths, the real vocabulary (tests/data/vocab's: Qwen's 151,936 tokens, Llama 3's
 128,256), the real tied or separate head and, for the mixtures of experts, their real expert counts and sizes
 but fewer layers, quantized as Q4_K_M files are (Q4_K; Q6_K for attn_v, ffn_down and the output head, which
@@ -15,7 +15,7 @@ head too, the chosen experts' share of the expert tensors) × tokens/s, against 
 prefill as the weight multiply-adds a prompt token costs (every matrix but the embedding table and the output
 head, which a prompt's last row alone needs; the chosen experts' share) × tokens/s, against the int8 peak of
 the instructions the prefill kernels use (vpdpbusd on 256-bit vectors, and AMX's TDPBSSD where the engine
-uses it), measured at the start (csrc/machine_limits.h). Without --llama-bench the llama.cpp figures are left out.
+uses it), measured at the start (csrc/kernels/machine_limits.h). Without --llama-bench the llama.cpp figures are left out.
 --llama-lib puts a folder first on llama-bench's library path: on a CPU with AMX, a libggml-cpu.so built
 without it (ggml's AMX matmul crashes on these files there; docs/BENCHMARKS.md says how it was built).
 """
@@ -33,8 +33,8 @@ from typing import NamedTuple
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import gguf_vocab  # noqa: E402
-import model_factory as tm  # noqa: E402
+from support import gguf_vocab  # noqa: E402
+from support import model_factory as tm  # noqa: E402
 from bench_bandwidth import read_bandwidth  # noqa: E402
 from bench_engine import best_of  # noqa: E402
 from bench_moe import bench  # noqa: E402

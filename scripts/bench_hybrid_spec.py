@@ -3,7 +3,7 @@
     python scripts/bench_hybrid_spec.py [--arch qwen35] [--threads 2] [--max-tokens 200] [--k 7] [--rounds 3]
         [--method ngram|mtp] [--shape small|2b]
 
-A random-weight hybrid (tests/model_factory.py; n_embd 1024, 8 layers (6 Gated DeltaNet), 8 value heads of 64,
+A random-weight hybrid (tests/support/model_factory.py; n_embd 1024, 8 layers (6 Gated DeltaNet), 8 value heads of 64,
 n_ff 2048, Q8_0, 67 MiB) in the engine, no HTTP, one stream, greedy, ignore_eos, on repetitive prompts (a random
 run of ids repeated, so the prompt's n-grams propose drafts). Two workloads: "free", the model's own greedy text
 (a random model rarely copies: most drafts are rejected, so this is what speculation costs where it does not
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import model_factory as tm  # noqa: E402
+from support import model_factory as tm  # noqa: E402
 from bench_families import QWEN35_2B  # noqa: E402
 
 from pyserve import _engine  # noqa: E402

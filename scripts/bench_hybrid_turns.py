@@ -2,7 +2,7 @@
 
     python scripts/bench_hybrid_turns.py [--history 2000] [--turns 2] [--threads 2] [--arch qwen35 | --model PATH|default]
 
-A random-weight hybrid (tests/model_factory.py, n_embd 256, Q8_0) in the engine, no HTTP: turn 1 is a
+A random-weight hybrid (tests/support/model_factory.py, n_embd 256, Q8_0) in the engine, no HTTP: turn 1 is a
 --history-token prompt and a 20-token greedy answer; each later turn is the conversation so far, its last
 answer and 30 more tokens (--turns in all). Prints each turn's time to first token (add → first token) and its
 ratio to turn 1's, with the prefix cache on and off; every turn's tokens must be the same either way (else exit
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import model_factory as tm  # noqa: E402
+from support import model_factory as tm  # noqa: E402
 
 from pyserve import _engine  # noqa: E402
 

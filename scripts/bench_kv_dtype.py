@@ -1,11 +1,12 @@
 """The KV cache dtypes on the real default model (issue 28): memory per token, and the accuracy cost of each
 against f32 KV on a long text scored teacher-forced (prompt_logprobs): mean |Δ logprob| of the actual next
-token and top-1 agreement (next_token_scores / compare, which tests/test_kv_dtype.py holds q8_0 to bounds with).
+token and top-1 agreement (next_token_scores / compare, which tests/kernels/test_kv_dtype.py holds q8_0 to bounds with).
 
     PYTHONPATH=. python3 scripts/bench_kv_dtype.py [--tokens 1536] [--threads 2] [--model PATH] [--decode-context N]
     PYTHONPATH=. python3 scripts/bench_kv_dtype.py --kernels      # the attention kernels alone, per dtype
 
-The text: docs/ARCHITECTURE.md, its first --tokens tokens. One engine per dtype, one prefill each (the
+The text: tests/data/prose.txt (the repository's architecture document as it stood on 2026-12-07), its first
+--tokens tokens. One engine per dtype, one prefill each (the
 machine's speed does not enter; nothing here is timed). Prints one Markdown table.
 """
 from __future__ import annotations
@@ -87,7 +88,7 @@ def main() -> None:
     scores, per_token, tps = {}, {}, {}
     for d in DTYPES:
         llm = LLM(path, n_threads=args.threads, kv_cache_dtype=d, n_ctx=args.tokens + 16)
-        ids = llm.tokenizer.encode((ROOT / "docs" / "ARCHITECTURE.md").read_text())[: args.tokens]
+        ids = llm.tokenizer.encode((ROOT / "tests" / "data" / "prose.txt").read_text())[: args.tokens]
         scores[d] = next_token_scores(llm, ids)
         if args.decode_context:
             ctx = LLM(path, n_threads=args.threads, kv_cache_dtype=d, enable_prefix_caching=False)
@@ -96,7 +97,7 @@ def main() -> None:
         geo = EngineOptions(kv_cache_dtype=d).kv_geometry(path)
         per_token[d] = geo["bytes_per_block"] / geo["block_size"]
         del llm
-    print(f"{Path(path).name}, {len(ids)} tokens of docs/ARCHITECTURE.md, teacher-forced; reference: f32 KV\n")
+    print(f"{Path(path).name}, {len(ids)} tokens of tests/data/prose.txt, teacher-forced; reference: f32 KV\n")
     timed = f" decode tok/s at {args.decode_context} |" if tps else ""
     print(f"| KV dtype | bytes per token (all layers, K+V) | vs f16 | mean abs. Δ logprob (nats) | top-1 agreement |{timed}")
     print("|---|---:|---:|---:|---:|" + ("---:|" if tps else ""))

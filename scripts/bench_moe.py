@@ -1,5 +1,5 @@
 """Mixture-of-experts speed: a Qwen3-30B-A3B-shaped MoE (fewer layers and experts) beside a dense model with
-the same active parameters, both Q4_K, random weights (tests/model_factory.py), in one run.
+the same active parameters, both Q4_K, random weights (tests/support/model_factory.py), in one run.
 
     python scripts/bench_moe.py [--threads 2] [--layers 2] [--experts 64] [--rounds 2]
 
@@ -19,7 +19,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import model_factory as tm  # noqa: E402
+from support import model_factory as tm  # noqa: E402
 from bench_engine import best_of, one_stream_decode, run_to_end  # noqa: E402
 
 # Qwen3-30B-A3B: n_embd 2048, 32 heads x 128 (4 KV heads), 128 experts of width 768, 8 used

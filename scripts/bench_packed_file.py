@@ -1,4 +1,4 @@
-"""Packed weights mapped from a file (weights_cache.py, csrc/packed_file.h) vs packed at load: the load's time
+"""Packed weights mapped from a file (weights_cache.py, csrc/gguf/packed_file.h) vs packed at load: the load's time
 and the speed of what it loaded, alternating, in one run.
 
     PYTHONPATH=. python3 scripts/bench_packed_file.py [--model PATH] [--threads 2] [--rounds 3]

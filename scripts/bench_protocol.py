@@ -23,7 +23,9 @@ import subprocess
 import sys
 import time
 
-from pyserve.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from pyserve.api.chat.protocol import ChatCompletionRequest
+from pyserve.api.completions.protocol import CompletionRequest
+from pyserve.api.base.protocol import parse_body
 
 _MSG = [{"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the capital of France?"},

@@ -4,11 +4,11 @@ kernels for the other types) at 1 and 32 columns, then the packed matmul in GMAC
 16 columns against the scalar reference, a 4096-wide matrix-vector product streamed from memory for Q4_K
 and the 4-bit-and-smaller per-row types (GB/s of weight bytes), one packed Q8_0 matrix-vector product, and
 (without --quick) Q4_K, Q6_K and Q8_0 decode products over 1.4-2.6 GB of packed weights with 2 threads, each
-pass beside a pass of the read bandwidth's loop (csrc/machine_limits.h), which --stream runs alone (--repeat N
+pass beside a pass of the read bandwidth's loop (csrc/kernels/machine_limits.h), which --stream runs alone (--repeat N
 times, to set one build's kernels beside another's).
 
 The Python bindings quantize the activation on every call, which would swamp a 100 ns kernel, so this
-script compiles a small C++ driver against csrc/quant.cpp (same flags as the engine: -O3 -march=native)
+script compiles a small C++ driver against csrc/kernels/quant.cpp (same flags as the engine: -O3 -march=native)
 and prints its figures. Usage:  python3 scripts/bench_quant.py [--cxx g++] [--quick | --stream [--repeat N]]
 """
 import argparse

@@ -11,7 +11,7 @@ measured one after another by the scripts that own them (their own docstrings sa
   tok/s, its weight bytes read per second as a share of this machine's read bandwidth (and, bench_families'
   decode_share, the median share of the read measured in the same seconds), and 512-token prefill
   tok/s, its weight multiply-adds per second as a share of the vpdpbusd and AMX int8 peaks (the limits
-  measured before each file's runs and after the last, the best kept: csrc/machine_limits.h); llama.cpp: `llama-bench -p 512 -n 64` (--llama-bench).
+  measured before each file's runs and after the last, the best kept: csrc/kernels/machine_limits.h); llama.cpp: `llama-bench -p 512 -n 64` (--llama-bench).
 - long context (bench_long_context.py on --long-model, default the default model): prefill of each --depths
   prompt and decode at that depth, f16 KV; llama.cpp: llama-bench with flash attention on. Limit: ≥ 1.0×.
 - a machine that is not idle (bench_busy.py, the default model): prefill and decode beside 1 and 2 CPU hogs at

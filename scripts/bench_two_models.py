@@ -7,7 +7,7 @@ Each engine (AsyncLLM, its own copy of the model, its own KV pool and thread poo
 time. Per phase: wall time, aggregate decode tokens/s, and the inter-token latency of every stream (the
 gap between deltas, split evenly over a delta's tokens), p50 / p90 / p99 over all streams.
 
-The engines take turns stepping on one shared thread team (csrc/step_turns.h, ThreadPool::shared): two busy
+The engines take turns stepping on one shared thread team (csrc/engine/step_turns.h, ThreadPool::shared): two busy
 engines together deliver about what one does alone (0.7-1.0x measured on 2 cores), each at about half its rate,
 alternating step by step.
 Run it with PYTHONPATH of another checkout to compare builds (docs/BENCHMARKS.md has figures).

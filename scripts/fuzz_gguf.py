@@ -13,7 +13,7 @@ Anything else (another exception type, a segfault, an abort) is a finding: the i
 so a hard crash (signal) leaves its reproducer behind.
 
 Seeds: a small valid GGUF of every metadata type (the `gguf` package), small random llama / qwen2 / gemma3
-models (tests/model_factory.py), and the head (metadata + tensor table) of the real Gemma 3 270M file.
+models (tests/support/model_factory.py), and the head (metadata + tensor table) of the real Gemma 3 270M file.
 Mutations are structure-aware: the integer fields of the file (counts, lengths, types, dims, offsets) are
 located by a small walker and overwritten with boundary values, besides truncations, bit flips, byte runs
 and chunk deletion / duplication.
@@ -43,14 +43,14 @@ OK_ERRORS = (_engine.GGUFError, _engine.ModelError, ValueError)
 
 
 def small_valid_gguf(path: Path) -> bytes:
-    from model_factory import write_all_types_gguf
+    from support.model_factory import write_all_types_gguf
 
     write_all_types_gguf(path)
     return path.read_bytes()
 
 
 def small_models(tmp: Path) -> list[bytes]:
-    from model_factory import write_test_model
+    from support.model_factory import write_test_model
 
     out = []
     for arch, qtype in (("llama", "Q8_0"), ("qwen2", "F16"), ("gemma3", "Q4_0")):

@@ -25,7 +25,7 @@ an exit this script saves the last two batches under --crash-dir, replays them o
 fresh server to name the culprit (once per distinct crash_signature), records its traceback and goes on with
 a new server. Exit status 0 when nothing was found, else 1.
 
-tests/test_wire_fuzz.py imports this module for its short run (the same engine, a fixed seed, a small budget).
+tests/server/test_wire_fuzz.py imports this module for its short run (the same engine, a fixed seed, a small budget).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     python3 scripts/gguf_repeat_layers.py IN.gguf OUT.gguf --layers 36
 
-tests/model_factory.py holds a model's tensors in f32 while it writes them, so it cannot write a Qwen3-4B-shaped
+tests/support/model_factory.py holds a model's tensors in f32 while it writes them, so it cannot write a Qwen3-4B-shaped
 file of all 36 layers in 24 GB; it can write one of 12. This copies that file's quantized tensors byte for byte
 (gguf-py's reader maps the input, the writer streams each tensor out) with layer i of the output the input's
 layer i mod n, and `<arch>.block_count` set to N: a file of the real model's size and shape, for speed and

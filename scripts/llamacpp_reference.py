@@ -1,10 +1,10 @@
 """Make tests/data/llamacpp/logits.json: llama.cpp's own logits on the random-weight files of
-tests/llamacpp_cases.py, the reference tests/test_llamacpp_logits.py holds pyserve's engine to.
+tests/support/llamacpp_cases.py, the reference tests/models/test_llamacpp_logits.py holds pyserve's engine to.
 
 Usage (once, after ../shared/tools/build_peer.sh; never in CI):
     python3 scripts/llamacpp_reference.py --venv /tmp/peer/venv --lib <LIB printed by build_peer.sh>
 
-Each case's file is written by tests/model_factory.py (its seed is fixed, so the test writes the same bytes
+Each case's file is written by tests/support/model_factory.py (its seed is fixed, so the test writes the same bytes
 again: the sha256 is stored to check it). llama.cpp runs each file under three settings: the whole prompt in
 one batch without flash attention (the reference), the same with flash attention, and one token per batch.
 Stored per prompt: the reference's top-10 token ids and logprobs at every position, and llama.cpp's own
@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import llamacpp_cases as lc  # noqa: E402
+from support import llamacpp_cases as lc  # noqa: E402
 
 SETTINGS = [dict(n_batch=128, n_ubatch=128, flash_attn=False), dict(n_batch=128, n_ubatch=128, flash_attn=True),
             dict(n_batch=1, n_ubatch=1, flash_attn=False)]

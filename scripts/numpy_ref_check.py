@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks tests/numpy_ref.py against llama.cpp's outputs for Gemma 3 270M (Q4_K_M).
+"""Checks tests/support/numpy_ref.py against llama.cpp's outputs for Gemma 3 270M (Q4_K_M).
 
 Each prompt of tests/data/gemma3-270m/greedy_gemma3.jsonl is teacher-forced
 (prompt_ids + generated_ids) through the reference on the real model; the log-softmax at the position
@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from numpy_ref import load_model, log_softmax  # noqa: E402
+from support.numpy_ref import load_model, log_softmax  # noqa: E402
 
 DEFAULT_REF = ROOT / "tests" / "data" / "gemma3-270m" / "greedy_gemma3.jsonl"
 

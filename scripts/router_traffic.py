@@ -55,7 +55,7 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the router colours its log even into a pipe
 
 
-VLLM_ROUTER_MISSING = "vllm-router is not installed: `pip install vllm-router==0.1.17` (tests/test_router.py runs it)"
+VLLM_ROUTER_MISSING = "vllm-router is not installed: `pip install vllm-router==0.1.17` (tests/clients/test_router.py runs it)"
 # the router programs: `pyserve router` (sglang-router with pyserve's settings) and vLLM's router as it comes
 LAUNCHERS = {"pyserve": ["-m", "pyserve", "router"],
              "vllm": ["-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--prometheus-host", "127.0.0.1"]}

@@ -3,7 +3,7 @@
 # tests against it. Exit 0 only when the tests pass and neither sanitizer reported anything.
 #
 #   scripts/sanitize.sh                       # the default engine test set
-#   scripts/sanitize.sh tests/test_gguf.py    # chosen tests (paths relative to the repo root)
+#   scripts/sanitize.sh tests/models/test_gguf.py    # chosen tests (paths relative to the repo root)
 #   SANITIZE=address scripts/sanitize.sh      # only ASan; JOBS=4 for a parallel build
 #
 # How: cmake -DPYSERVE_SANITIZE=address,undefined into build-sanitize/; the extension lands in
@@ -19,9 +19,9 @@ JOBS="${JOBS:-1}"
 PY="${PYTHON:-python3}"
 LOG="$BUILD/sanitize.log"
 
-DEFAULT_TESTS=(tests/test_gguf.py tests/test_gguf_fuzz.py tests/test_quant.py tests/test_sampler.py
-               tests/test_block_manager.py tests/test_scheduler.py tests/test_engine.py tests/test_prefix_cache.py
-               tests/test_n_samples.py tests/test_arch_logits.py tests/test_packed.py)
+DEFAULT_TESTS=(tests/models/test_gguf.py tests/models/test_gguf_fuzz.py tests/kernels/test_quant.py tests/kernels/test_sampler.py
+               tests/engine/test_block_manager.py tests/engine/test_scheduler.py tests/engine/test_engine.py tests/engine/test_prefix_cache.py
+               tests/engine/test_n_samples.py tests/models/test_arch_logits.py tests/kernels/test_packed.py)
 if [ "$#" -gt 0 ]; then TESTS=("$@"); else TESTS=("${DEFAULT_TESTS[@]}"); fi
 
 mkdir -p "$BUILD/py"
@@ -32,7 +32,7 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -Dpybind11_DIR="$PYBIND1
 cmake --build "$BUILD" --parallel "$JOBS"
 
 # the Python package beside the instrumented extension (copies: Path(pyserve.__file__).resolve() must stay here)
-# (the whole tree: the package has subpackages, engine/ openai/ server/ bench/, and data files)
+# (the whole tree: the package has subpackages, engine/ api/ server/ bench/, and data files)
 find "$BUILD/py/pyserve" -type f ! -name '_engine*.so' -delete 2>/dev/null || true
 (cd "$ROOT" && find pyserve -type f ! -name '_engine*.so' ! -path '*/__pycache__/*' -exec cp --parents {} "$BUILD/py/" \;)
 ls "$BUILD"/py/pyserve/_engine*.so >/dev/null

@@ -69,7 +69,7 @@ def memory_check(rss_warm: list[tuple[float, int]], rss: list[tuple[float, int]]
     on a busy machine the warm-up phase may hold few of them. From there a leak grows with every request
     while warm-up has stopped, so the growth to `final` (after the load, once the server is idle) is
     bounded by `tolerance` of the baseline. The default, 5% (~27 MB of ~550 MB), is for soaks of minutes,
-    whose thousands of requests make a leak of a few KB a request exceed it; tests/test_soak.py's 30 s run
+    whose thousands of requests make a leak of a few KB a request exceed it; tests/server/test_soak.py's 30 s run
     passes a tighter bound. `slack_mb`: growth up to this many MB passes whatever the fraction (the packed
     weights, mapped from the cache, are file pages: the anonymous baseline is ~200 MB, not ~550, so a fraction
     alone tightened to a third of the MB it was sized in)."""

@@ -3,11 +3,13 @@ from pathlib import Path
 
 import pytest
 
+from support.paths import DATA
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """tests/data: the reference data, in the repository (origins and licences: tests/data/README.md)."""
-    return Path(__file__).resolve().parent / "data"
+    return DATA
 
 
 @pytest.fixture(scope="session")

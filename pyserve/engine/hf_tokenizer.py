@@ -1,6 +1,6 @@
 """The `tokenizers` (HuggingFace) pipelines of the GGUF vocabularies that pyserve does not tokenize natively --
 byte-level BPE ("gpt2", with llama.cpp's pre-tokenizer regexes) and Gemma 4's SentencePiece-style BPE -- and,
-for SentencePiece BPE ("llama"), the reference twin of the native SpmTokenizer (csrc/spm_tokenizer.h): a BPE whose
+for SentencePiece BPE ("llama"), the reference twin of the native SpmTokenizer (csrc/tokenizer/spm_tokenizer.h): a BPE whose
 merges are derived from the scores (~0.5 M for Gemma 3; ~0.6 s to build, which is why serving does not).
 
 What each is built from is tokenizer.py's read_parts: a Recipe, the token texts and attributes.

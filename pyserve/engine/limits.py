@@ -1,5 +1,5 @@
 """What the engine refuses, in the form the layers above build their own rules and messages from, so they can
-never disagree with it: the sampler's ranges (csrc/sampler.cpp's kSamplingBounds, the one statement of them)
+never disagree with it: the sampler's ranges (csrc/sampling/sampler.cpp's kSamplingBounds, the one statement of them)
 and the error of a request longer than one sequence can be (its numbers, for each protocol's own wording)."""
 from __future__ import annotations
 

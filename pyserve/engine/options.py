@@ -2,7 +2,7 @@
 
 `LLM`, `AsyncLLM.open`, `pyserve serve` / `pyserve generate` (their flags and help are generated from these
 fields: `Option.flag`), and `--models-config` tables (their keys: `Option.key`) all take them from here; the
-C++ EngineConfig (csrc/engine.h) has the same names and defaults (tests/test_engine_options.py holds them
+C++ EngineConfig (csrc/engine/engine.h) has the same names and defaults (tests/engine/test_engine_options.py holds them
 together) and its check (`_engine.check_engine_config`) is the rule for their values. A new option is one
 field here and one in EngineConfig.
 """

@@ -1,6 +1,6 @@
 """Speculative decoding's settings: how many tokens a stream may draft per step (0: off), and from where.
 
-pyserve drafts by prompt lookup (csrc/ngram_draft.h): `speculative_ngram=K`, or vLLM's spelling of the same,
+pyserve drafts by prompt lookup (csrc/scheduler/ngram_draft.h): `speculative_ngram=K`, or vLLM's spelling of the same,
 `speculative_config={"method": "ngram", "num_speculative_tokens": K}` (its `prompt_lookup_max` may be given
 up to the index's 4; `prompt_lookup_min` is accepted). Models whose file carries a multi-token-prediction
 (NextN) layer — Qwen3.5/3.6, GLM-4.5 — draft with it: `speculative_method="mtp"`, or vLLM's
@@ -9,7 +9,7 @@ The MTP layer guesses one token ahead a step, so one drafted token a step whatev
 are not supported. Outputs are the same either way, bit for bit: the target verifies every draft.
 
 Hybrid models (recurrent layers, e.g. qwen35) draft as every other model does: the engine keeps the recurrent
-state after each drafted row and rolls a rejected draft back to the last accepted one (docs/ARCHITECTURE.md).
+state after each drafted row and rolls a rejected draft back to the last accepted one (docs/design/recurrent-state.md).
 """
 from __future__ import annotations
 

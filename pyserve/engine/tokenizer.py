@@ -7,7 +7,7 @@ against):
   merge the adjacent pair of normal tokens whose concatenation is the best-scoring normal token,
   with byte fallback to the ``<0xNN>`` tokens. Spaces become ``▁``; when ``add_space_prefix`` is on
   (llama.cpp's default for this model type) each stretch of text gets a leading ``▁``, as llama.cpp
-  does. Serving uses the native SpmTokenizer (csrc/spm_tokenizer.h: built in milliseconds, the GIL
+  does. Serving uses the native SpmTokenizer (csrc/tokenizer/spm_tokenizer.h: built in milliseconds, the GIL
   released while it encodes); its twin, a ``tokenizers`` BPE whose merges are derived from the
   scores (hf_tokenizer.py; ~0.6 s to build for Gemma 3), is the reference tests hold it to
   (``reference_encoder``).

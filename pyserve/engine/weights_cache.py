@@ -1,4 +1,4 @@
-"""The packed-weights cache: a model's weights as the engine packs them for its kernels (csrc/packed_file.h),
+"""The packed-weights cache: a model's weights as the engine packs them for its kernels (csrc/gguf/packed_file.h),
 kept in pyserve's cache folder so that a later load maps them instead of packing them again.
 
 Packing copies every matrix into fresh memory, and on this machine half a load's engine time is the kernel

@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..openai.context import Demand
-from ..openai.errors import OpenAIError
+from ..api.base.context import Demand
+from ..api.base.errors import OpenAIError
 
 
 def rate_limited(message: str, retry_after: float, code: str = "rate_limit_exceeded") -> OpenAIError:

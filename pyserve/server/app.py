@@ -4,8 +4,9 @@
 with `app.pyserve.serve_models(catalog, preload)` (`pyserve serve`: loaded on demand by the ModelRegistry,
 model_registry.py): the server listens while the models load, and /health answers 503 till then. Each
 request's model is chosen by its `model` field; the request holds a lease on it until its last byte.
-Layers: the edge (edge.py) runs before every route; routes (routes.py) parse, hand the serving layer what
-it needs, and wrap what it returns; errors of any layer become OpenAI's error JSON here, once.
+Layers: the edge (edge.py) runs before every route; routes (routes/, a module per endpoint family) parse,
+hand the serving layer what it needs, and wrap what it returns; errors of any layer become OpenAI's error
+JSON here, once.
 """
 from __future__ import annotations
 
@@ -18,22 +19,22 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..anthropic.errors import anthropic_body, wants_anthropic
-from ..openai.context import RequestContext
-from ..openai.background import BackgroundJobs
-from ..openai.response_store import ResponseStore
-from ..openai.errors import OpenAIError, loading, server_error
-from ..openai.served_model import ServedModel
-from ..openai.serving_chat import ChatServing
-from ..openai.serving_completions import CompletionServing
-from ..openai.serving_embeddings import EmbeddingServing
-from ..openai.serving_tokens import TokenServing
+from ..api.base.context import RequestContext
+from ..api.base.errors import OpenAIError, loading, server_error
+from ..api.base.served_model import ServedModel
+from ..api.chat.serving import ChatServing
+from ..api.completions.serving import CompletionServing
+from ..api.messages.errors import anthropic_body, wants_anthropic
+from ..api.pooling.embeddings import EmbeddingServing
+from ..api.responses.jobs import BackgroundJobs
+from ..api.responses.store import ResponseStore
+from ..api.tokens.serving import TokenServing
 from .config import ServerConfig
 from .edge import Edge
+from .http.response import json_response
 from .metrics import TIMER_KEY, Metrics, instrument
 from .model_catalog import Catalog, ModelSpec
 from .model_registry import ModelLimits, ModelRegistry
-from .responses import json_response
 from .routes import add_routes
 
 log = logging.getLogger("pyserve.server")
@@ -46,7 +47,7 @@ __all__ = ["create_app", "ServerConfig"]
 
 class Serving:
     """The serving objects of one loaded model. Those of the APIs fewer clients speak (rerank, infill) are made
-    at their first request, their modules imported then: not at start-up (see routes.py)."""
+    at their first request, their modules imported then: not at start-up (see routes/__init__.py)."""
 
     def __init__(self, model: ServedModel):
         self.model = model
@@ -57,13 +58,13 @@ class Serving:
 
     @cached_property
     def rerank(self):
-        from ..openai.serving_rerank import RerankServing
+        from ..api.pooling.rerank import RerankServing
 
         return RerankServing(self.model)
 
     @cached_property
     def infill(self):
-        from ..openai.serving_infill import InfillServing
+        from ..api.infill.serving import InfillServing
 
         return InfillServing(self.model)
 

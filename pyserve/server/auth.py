@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from ..openai.errors import OpenAIError
+from ..api.base.errors import OpenAIError
 
 log = logging.getLogger("pyserve.server")
 

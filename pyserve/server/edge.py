@@ -14,9 +14,9 @@ from typing import Optional
 
 from quart import Response
 
-from ..openai.context import NullObserver, RequestContext
-from ..openai.errors import OpenAIError, bad_request, server_error
-from ..openai.response_store import owner_of
+from ..api.base.context import NullObserver, RequestContext
+from ..api.base.errors import OpenAIError, bad_request, server_error
+from ..api.responses.store import owner_of
 from .admission import Admission, AdmissionQueue, RateLimiter
 from .auth import AccessConfig, auth_error, cors_headers, match_key, origin_allowed, presented_key
 from .config import ServerConfig

@@ -36,7 +36,6 @@ import time
 from typing import Callable, Optional
 
 import trio
-
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -127,7 +126,7 @@ class Metrics:
             kept[key] = kept.get(key, 0) + stats.get(key, 0)
 
     def connection_errors(self, kind: str) -> None:
-        """One connection ended by an error of this kind (server/connection.py)."""
+        """One connection ended by an error of this kind (server/http/connection.py)."""
         self._connection_errors.labels(kind).inc()
 
     def add_counter(self, metric: str, doc: str, value: Callable[[], int]) -> None:
@@ -164,6 +163,8 @@ class Metrics:
             yield _family(CounterMetricFamily, metric, doc, {self.model_name: value()})
         if any("step_buckets" in s for s in stats.values()):
             yield _step_histogram(stats)
+
+    content_type = CONTENT_TYPE  # of what render() returns
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

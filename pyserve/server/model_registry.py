@@ -31,9 +31,9 @@ from typing import AsyncIterator, Callable, Optional
 import trio
 from prometheus_client import Counter, Gauge, Histogram
 
+from ..api.base.errors import OpenAIError, bad_request, model_not_found
+from ..api.base.replies import ModelCard
 from ..engine.async_llm import AsyncLLM
-from ..openai.errors import OpenAIError, bad_request, model_not_found
-from ..openai.responses import ModelCard
 from .model_catalog import Catalog, ModelSpec
 
 log = logging.getLogger("pyserve.server")

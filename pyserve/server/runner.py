@@ -24,13 +24,13 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from ..api.base.protocol import build_deferred
 from ..engine.model_load import discard_early
 from ..engine.options import EngineOptions
-from ..openai.protocol import build_deferred
-from . import connection
 from .app import create_app
 from .auth import load_keys
 from .config import ServerConfig
+from .http import connection
 from .model_options import build_catalog
 
 log = logging.getLogger("pyserve.server")
@@ -99,7 +99,7 @@ def _app(opts: ServeOptions):
 
 def _hypercorn_config(opts: ServeOptions, metrics, draining) -> HypercornConfig:
     hc = HypercornConfig()
-    fault = os.environ.get("PYSERVE_FAULT_MARKER")  # tests only: see connection.py
+    fault = os.environ.get("PYSERVE_FAULT_MARKER")  # tests only: see http/connection.py
     connection.configure(hc, metrics.connection_errors, fault.encode() if fault else None, draining)
     hc.bind = [f"[{opts.host}]:{opts.port}" if ":" in opts.host else f"{opts.host}:{opts.port}"]
     hc.graceful_timeout = opts.drain_timeout + 5.0

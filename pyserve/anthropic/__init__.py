@@ -1,1 +1,0 @@
-"""Anthropic's Messages API (/v1/messages), served by translating to and from the chat layer."""

@@ -1,0 +1,1 @@
+"""/tokenize, /detokenize, /apply-template and /tokenizer_info: the prompt a request would give the model."""
