@@ -18,6 +18,8 @@ namespace pyserve {
 
 // ---- sampling parameters (bindings.h) ----
 
+namespace {
+
 void set_sampling(SamplingConfig& c, const std::string& k, py::handle v) {
   if (k == "temperature") c.temperature = v.cast<float>();
   else if (k == "top_k") c.top_k = v.cast<int>();
@@ -34,6 +36,8 @@ void set_sampling(SamplingConfig& c, const std::string& k, py::handle v) {
         py::int_(py::reinterpret_borrow<py::object>(kv.first)).cast<int32_t>(), kv.second.cast<float>());
   } else throw std::invalid_argument("unknown sampling parameter '" + k + "'");
 }
+
+}  // namespace
 
 // A value that does not convert is a ValueError naming the parameter, as a value out of range is.
 SamplingConfig config_from_kwargs(const py::dict& kw) {
