@@ -13,9 +13,8 @@ import pytest
 
 from support.paths import DOCS, REPO
 
-# Folders a path may start with: the repository's, and those at the top of pyserve/ and csrc/
+# Folders a path may start with: the repository's, and (read from disk) those at the top of pyserve/ and csrc/
 _TOPS = ("pyserve", "csrc", "tests", "scripts", "docs", ".ci")
-_UNDER = {"pyserve": ("engine", "api", "server", "bench"), "csrc": None}  # None: csrc's folders, read from disk
 _TOKEN = re.compile(r"(?<![\w./~:@*{-])((?:\.?[\w-]+/)+[\w.*-]*|[\w*-]+\.(?:py|h|cpp|md))(?![\w/*-])")
 _BRACES = re.compile(r"([\w./*-]+)\.\{([\w,]+)\}")
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a Markdown link's target, relative to its document
@@ -29,19 +28,14 @@ def tracked() -> list[str]:
 
 
 def _roots(doc: str = "README.md") -> dict[str, tuple[str, ...]]:
-    """{first folder of a path: the folders it may be under} for every way a document may start one (a
-    Markdown link is relative to its document's folder)."""
+    """{first folder of a path: the folders it may be under} for every way a document may start one: from the
+    repository's root, from the top of pyserve/ or csrc/, or from the document's own folder (a Markdown link)."""
     roots: dict[str, tuple[str, ...]] = {top: ("",) for top in _TOPS}
-    here = str(Path(doc).parent)
-    if here != ".":
-        for d in (REPO / here).iterdir():
+    here = Path(doc).parent.as_posix()
+    for parent in ([here] if here != "." else []) + ["pyserve", "csrc"]:
+        for d in (REPO / parent).iterdir():
             if d.is_dir():
-                roots[d.name] = roots.get(d.name, ()) + (here + "/",)
-    for sub in _UNDER["pyserve"]:
-        roots[sub] = roots.get(sub, ()) + ("pyserve/",)
-    for d in (REPO / "csrc").iterdir():
-        if d.is_dir():
-            roots[d.name] = roots.get(d.name, ()) + ("csrc/",)
+                roots[d.name] = roots.get(d.name, ()) + (parent + "/",)
     return roots
 
 

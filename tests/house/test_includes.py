@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from support.graphs import cycles
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

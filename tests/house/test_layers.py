@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import pyserve
 from support.graphs import cycles
+from support.paths import REPO, SCRIPTS
 
 ROOT = Path(pyserve.__file__).resolve().parent
 ORDER = {"_engine": 0, "engine": 1, "api": 2, "server": 3, "cli": 4, "__main__": 5}
@@ -170,11 +173,6 @@ def test_wire_framing_is_the_servers():
 def test_no_function_over_60_lines():
     """The house rule (scripts/function_lengths.py), held by the suite on both sides: pyserve/'s Python and
     csrc/'s C++ (the clone's trees and script)."""
-    import subprocess
-    import sys
-
-    from support.paths import REPO, SCRIPTS
-
     r = subprocess.run([sys.executable, str(SCRIPTS / "function_lengths.py"), "--over", "60", "--fail", "60",
                         str(REPO / "pyserve"), str(REPO / "csrc")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
