@@ -139,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
                             max_body_size=args.max_body_size, body_timeout=args.body_timeout,
                             keep_alive_timeout=args.keep_alive_timeout, drain_timeout=args.drain_timeout,
                             stalled_client_timeout=args.stalled_client_timeout,
+                            sse_keepalive=args.sse_keepalive, shared_prefix_cache=args.shared_prefix_cache,
                             engine=engine,
                             trust_request_chat_template=args.trust_request_chat_template,
                             pooling=args.pooling, normalize_embeddings=not args.no_normalize_embeddings,
@@ -251,6 +252,12 @@ def _edge_args(srv: argparse.ArgumentParser) -> None:
                      help="seconds an idle connection (or one sending its headers) is kept")
     srv.add_argument("--stalled-client-timeout", type=float, default=30.0,
                      help="abort a stream whose client has not read for this many seconds (0: never)")
+    srv.add_argument("--sse-keepalive", type=float, default=10.0, metavar="SECONDS",
+                     help="send an SSE comment line (': keep-alive') on a stream silent this long, e.g. through a "
+                          "long prefill, so clients and proxies with read timeouts keep it (0: never)")
+    srv.add_argument("--shared-prefix-cache", action="store_true",
+                     help="with several API keys: let every key's requests reuse each other's cached prompts "
+                          "(default: each key's prompts are its own, so no key can probe another's by timing)")
     srv.add_argument("--response-store-size", type=int, default=1000, metavar="N",
                      help="past /v1/responses kept in memory for previous_response_id and GET (0: off)")
     srv.add_argument("--response-store-ttl", type=float, default=3600.0, metavar="SECONDS",

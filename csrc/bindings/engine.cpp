@@ -100,9 +100,17 @@ void bind_engine_config(py::module_& m) {
         "as loading would raise them");
 }
 
+// What a request asks of the scheduler rather than the sampler (Request's last three fields).
+struct Placement {
+  std::string cache_salt;
+  int priority = 0;
+  bool return_progress = false;
+  void apply(Request& r) const { r.cache_salt = cache_salt, r.priority = priority, r.return_progress = return_progress; }
+};
+
 Request make_request(const std::string& id, std::vector<int32_t> prompt, py::handle sampling, int max_tokens,
                      bool ignore_eos, std::vector<int32_t> stop_token_ids, int n, std::optional<int> prompt_logprobs,
-                     std::shared_ptr<Matcher> grammar) {
+                     std::shared_ptr<Matcher> grammar, const Placement& placement) {
   Request r;
   r.id = id;
   r.prompt = std::move(prompt);
@@ -115,6 +123,7 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt, py::han
     throw std::invalid_argument("prompt_logprobs must be >= 0 or None, got " + std::to_string(*prompt_logprobs));
   r.prompt_logprobs = prompt_logprobs.value_or(-1);
   r.grammar = std::move(grammar);
+  placement.apply(r);
   return r;
 }
 
@@ -124,16 +133,20 @@ template <class C, class Method>
 void def_request(py::class_<C>& cls, const char* name, Method method, const char* doc) {
   cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::object& sampling,
                          int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n,
-                         std::optional<int> prompt_logprobs, std::shared_ptr<Matcher> grammar) {
+                         std::optional<int> prompt_logprobs, std::shared_ptr<Matcher> grammar, std::string cache_salt,
+                         int priority, bool return_progress) {
     (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n,
-                                prompt_logprobs, std::move(grammar)));
+                                prompt_logprobs, std::move(grammar), {std::move(cache_salt), priority, return_progress}));
   }, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
      py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
-     py::arg("n") = 1, py::arg("prompt_logprobs") = py::none(), py::arg("grammar") = py::none(), doc);
+     py::arg("n") = 1, py::arg("prompt_logprobs") = py::none(), py::arg("grammar") = py::none(),
+     py::arg("cache_salt") = "", py::arg("priority") = 0, py::arg("return_progress") = false, doc);
 }
 
-Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std::string& pooling, bool normalize) {
+Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std::string& pooling, bool normalize,
+                   std::string cache_salt = "") {
   Request r;
+  r.cache_salt = std::move(cache_salt);
   r.id = id;
   r.prompt = std::move(prompt);
   r.stop.max_tokens = 0;
@@ -149,8 +162,10 @@ Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std
 template <class C, class Add, class Check>
 void def_embed(py::class_<C>& cls, Add add, Check check) {
   cls.def("add_embed", [add](C& self, const std::string& id, std::vector<int32_t> prompt, const std::string& pooling,
-                             bool normalize) { (self.*add)(make_embed(id, std::move(prompt), pooling, normalize)); },
-          py::arg("request_id"), py::arg("prompt"), py::arg("pooling") = "last", py::arg("normalize") = true,
+                             bool normalize, std::string cache_salt) {
+            (self.*add)(make_embed(id, std::move(prompt), pooling, normalize, std::move(cache_salt)));
+          }, py::arg("request_id"), py::arg("prompt"), py::arg("pooling") = "last", py::arg("normalize") = true,
+          py::kw_only(), py::arg("cache_salt") = "",
           "Validates and queues an embedding request (prefill only): its one output (finish_reason 'stop') "
           "carries the pooled final-norm state, 'last' row or 'mean' of the rows, L2-normalised if `normalize`; "
           "'rank': [1] the last row's relevance score through a reranker's classifier head");

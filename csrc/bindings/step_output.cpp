@@ -57,9 +57,11 @@ PyStructSequence_Field kStepOutputFields[] = {
     {"embedding", "float32 [n_embd] on an embedding's output ([1] the score of a 'rank' one), else None"},
     {"prompt_logprobs", "[None, {token: logprob, …} per position 1 …] on the first output of a request that "
                         "asked for them, else None"},
+    {"progress", "a progress output (return_progress): the prompt tokens computed so far, cached ones included; "
+                 "else 0"},
     {nullptr, nullptr}};
 PyStructSequence_Desc kStepOutputDesc = {"pyserve._engine.StepOutput", "one sample's output of one engine step",
-                                         kStepOutputFields, 12};
+                                         kStepOutputFields, 13};
 PyTypeObject* step_output_type = nullptr;
 
 py::object step_output_to_py(StepOutput& o) {
@@ -68,8 +70,8 @@ py::object step_output_to_py(StepOutput& o) {
   py::object items[] = {py::str(o.id), py::int_(o.token), py::float_(o.logprob), py::cast(o.top),
                         py::str(o.finish_reason), py::int_(o.n_prompt), py::int_(o.index),
                         py::float_(o.scheduled_ts), py::float_(o.step_ts), py::int_(o.n_cached),
-                        embedding_to_py(o.embedding), prompt_logprobs_to_py(o.prompt_logprobs)};
-  for (int i = 0; i < 12; i++) PyStructSequence_SetItem(t, i, items[i].release().ptr());  // steals the reference
+                        embedding_to_py(o.embedding), prompt_logprobs_to_py(o.prompt_logprobs), py::int_(o.progress)};
+  for (int i = 0; i < 13; i++) PyStructSequence_SetItem(t, i, items[i].release().ptr());  // steals the reference
   return py::reinterpret_steal<py::object>(t);
 }
 

@@ -330,6 +330,9 @@ void Engine::add(Request req) {
   }
   seq->pooling = req.pooling;
   seq->normalize = req.normalize;
+  seq->priority = req.priority;
+  seq->return_progress = req.return_progress;
+  seq->blocks.root = BlockManager::salted_root(req.cache_salt);
   seq->prompt_logprobs = req.prompt_logprobs;
   if (req.prompt_logprobs >= 0) seq->prompt_lp = std::make_shared<std::vector<SampleResult>>();
   seq->n_recorded = seq->record_begin();
@@ -450,7 +453,13 @@ std::vector<std::pair<Sequence*, const float*>> Engine::computed(const Schedule&
   for (const ScheduledSeq& s : sched.seqs) {
     const int drafted = (int)s.seq->draft.size(), pos0 = s.seq->n_computed;
     // seq, or once an n > 1 prompt is computed every sample (forked): each draws from these logits.
+    const bool progress = s.seq->return_progress && pos0 < s.seq->n_prompt;
+    const int index = s.seq->pending_samples.empty() ? s.seq->index : s.seq->pending_samples.front();
     const std::vector<Sequence*> drawers = groups_->computed(s);
+    if (progress) {  // before the prompt's first token (or its end): the stream sees them in that order
+      out.push_back(output_of(*s.seq, index, t_step));
+      out.back().progress = std::min(s.seq->n_computed, s.seq->n_prompt);
+    }
     if (s.sample && s.seq->prefill_only()) end_prefill(s.seq, t_step, out);
     if (drafts_by_mtp(cfg_) && !s.seq->prefill_only())  // a prompt chunk's rows too: the MTP layer's K/V
       for (Sequence* d : drawers.empty() && !s.sample ? std::vector<Sequence*>{s.seq} : drawers)

@@ -106,6 +106,10 @@ struct Request {
   // A constraint in its initial state (compiled beforehand, off the engine thread): each sample draws under
   // its own clone; the request never advances this one, so one compiled grammar serves many requests.
   std::shared_ptr<const Matcher> grammar;
+  // Requests with different salts share no cached block (BlockManager::salted_root); "" is the shared cache.
+  std::string cache_salt;
+  int priority = 0;              // lower is served first (scheduler.h)
+  bool return_progress = false;  // a progress output (StepOutput::progress) after each step computing its prompt
 };
 
 struct StepOutput {
@@ -126,6 +130,9 @@ struct StepOutput {
   // On a request's first output (one per request, not per sample): the prompt's positions 1 … n_prompt - 1,
   // each the prompt token's logprob and its top alternatives (SampleResult's fields)
   std::shared_ptr<const std::vector<SampleResult>> prompt_logprobs;
+  // A progress output (Request::return_progress; no token, no finish): the prompt tokens computed so far, the
+  // cached ones included, after a step that computed some of them (n_prompt once the prompt is done). Else 0.
+  int progress = 0;
 };
 
 struct EngineStats {

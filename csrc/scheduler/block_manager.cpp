@@ -9,8 +9,6 @@ namespace pyserve {
 
 namespace {
 
-constexpr uint64_t kRootHash = 0x6a09e667f3bcc908ull;  // the parent of every sequence's first block
-
 uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
@@ -26,6 +24,13 @@ uint64_t BlockManager::hash_block(uint64_t parent, const int32_t* tokens, int n)
   uint64_t h = mix(parent ^ 0x9e3779b97f4a7c15ull);
   for (int i = 0; i < n; i++) h = mix(h + (uint32_t)tokens[i] + 0x9e3779b97f4a7c15ull);
   return h;
+}
+
+uint64_t BlockManager::salted_root(const std::string& salt) {
+  if (salt.empty()) return kRootHash;
+  uint64_t h = mix(kRootHash + salt.size());
+  for (unsigned char c : salt) h = mix(h + c + 0x9e3779b97f4a7c15ull);
+  return h == kRootHash ? h + 1 : h;
 }
 
 BlockManager::BlockManager(int num_blocks, int block_size, bool prefix_caching)
@@ -100,11 +105,11 @@ bool BlockManager::matches(int b, uint64_t parent, const int32_t* tokens) const 
          std::memcmp(&tokens_[(size_t)b * block_size_], tokens, block_size_ * sizeof(int32_t)) == 0;
 }
 
-std::vector<int32_t> BlockManager::lookup(const std::vector<int32_t>& tokens) const {
+std::vector<int32_t> BlockManager::lookup(const std::vector<int32_t>& tokens, uint64_t root) const {
   std::vector<int32_t> out;
   if (!prefix_caching_ || tokens.empty()) return out;
   const int max_blocks = ((int)tokens.size() - 1) / block_size_;  // never the block of the last token
-  uint64_t parent = kRootHash;
+  uint64_t parent = root;
   for (int i = 0; i < max_blocks; i++) {
     const int32_t* tk = tokens.data() + (size_t)i * block_size_;
     uint64_t h = hash_block(parent, tk, block_size_);
@@ -119,7 +124,7 @@ std::vector<int32_t> BlockManager::lookup(const std::vector<int32_t>& tokens) co
 void BlockManager::ensure_hashes(BlockTable& t, const std::vector<int32_t>& tokens, int n_full) const {
   while ((int)t.hashes.size() < n_full) {
     size_t i = t.hashes.size();
-    uint64_t parent = i == 0 ? kRootHash : t.hashes[i - 1];
+    uint64_t parent = i == 0 ? t.root : t.hashes[i - 1];
     t.hashes.push_back(hash_block(parent, tokens.data() + i * block_size_, block_size_));
   }
 }
@@ -137,7 +142,7 @@ void BlockManager::commit(BlockTable& t, const std::vector<int32_t>& tokens, int
     if (has_hash_[b]) continue;  // a hit, or already registered
     uint64_t h = t.hashes[i];
     if (by_hash_.count(h)) continue;  // the same prefix computed twice (concurrently): keep the first
-    uint64_t parent = i == 0 ? kRootHash : t.hashes[i - 1];
+    uint64_t parent = i == 0 ? t.root : t.hashes[i - 1];
     has_hash_[b] = 1;
     hash_[b] = h;
     parent_[b] = parent;

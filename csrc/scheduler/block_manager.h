@@ -7,10 +7,12 @@
 //           block is needed;
 //   free    ref == 0 and nothing worth keeping.
 // A full block's hash chains its parent's: h(i) = H(h(i-1), tokens of block i), so equal hashes mean equal
-// prefixes (the tokens are compared too, so a 64-bit collision cannot alias two prefixes' blocks).
+// prefixes (the tokens are compared too, so a 64-bit collision cannot alias two prefixes' blocks). The first
+// block's parent is the table's root: kRootHash, or a cache salt's (salted_root) — tables of different salts
+// share no block, as no chain of one can equal a chain of the other (tenants cannot probe each other's prompts).
 //
 // Verbs, for the scheduler (and for tests, without a model):
-//   lookup(tokens)                  the cached chain of tokens' full blocks, never the block holding the last
+//   lookup(tokens, root)            the cached chain of tokens' full blocks, never the block holding the last
 //                                   token (so at least one token is computed and no shared block is written);
 //   can_allocate / allocate         admission: reuse that chain, add fresh blocks up to n_tokens;
 //   append                          grow a table to n_tokens; a block about to be written while shared (ref > 1)
@@ -23,14 +25,18 @@
 
 #include <cstdint>
 #include <list>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace pyserve {
 
+constexpr uint64_t kRootHash = 0x6a09e667f3bcc908ull;  // the parent of an unsalted sequence's first block
+
 // One sequence's view of the cache.
 struct BlockTable {
+  uint64_t root = kRootHash;     // its first block's parent: kRootHash, or its cache salt's (salted_root)
   std::vector<int32_t> blocks;   // logical block → physical block
   std::vector<uint64_t> hashes;  // chain hashes of full token blocks, computed lazily (they depend on tokens only)
   int n_committed = 0;           // leading blocks already registered in (or checked against) the cache
@@ -60,7 +66,7 @@ class BlockManager {
   int release(int block);        // ref - 1; at 0 to the LRU (cached) or the free list. Returns the new count
 
   // ---- tables ----
-  std::vector<int32_t> lookup(const std::vector<int32_t>& tokens) const;
+  std::vector<int32_t> lookup(const std::vector<int32_t>& tokens, uint64_t root = kRootHash) const;
   // Whether a table holding `prefix` (from lookup) plus fresh blocks up to n_tokens fits now.
   bool can_allocate(const std::vector<int32_t>& prefix, int n_tokens) const;
   // Admission of an empty table: reuses `prefix`, adds fresh blocks so it holds n_tokens, counts tokens.size()
@@ -80,6 +86,8 @@ class BlockManager {
 
   // h(parent, tokens[begin, begin + block_size)), exposed for tests.
   static uint64_t hash_block(uint64_t parent, const int32_t* tokens, int n);
+  // The root of the tables of a cache salt: kRootHash for "", else a hash of its bytes (never kRootHash).
+  static uint64_t salted_root(const std::string& salt);
 
  private:
   int take_fresh();

@@ -6,9 +6,13 @@ namespace pyserve {
 
 Scheduler::Scheduler(const SchedulerConfig& cfg, BlockManager& blocks) : cfg_(cfg), blocks_(blocks) {}
 
+namespace {
+bool by_priority(const Sequence* a, const Sequence* b) { return a->priority < b->priority; }
+}  // namespace
+
 void Scheduler::add(Sequence* seq) {
   seq->status = SeqStatus::WAITING;
-  waiting_.push_back(seq);
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), seq, by_priority), seq);  // last of its priority
 }
 
 void Scheduler::remove(Sequence* seq) {
@@ -44,7 +48,7 @@ void Scheduler::preempt(Sequence* seq) {
   seq->n_computed = 0;
   seq->draft.clear();
   seq->status = SeqStatus::WAITING;
-  waiting_.push_front(seq);
+  waiting_.insert(std::lower_bound(waiting_.begin(), waiting_.end(), seq, by_priority), seq);  // first of its priority
   preemptions_++;
 }
 
@@ -61,7 +65,7 @@ void Scheduler::computed(Sequence* seq, int n) {
 
 void Scheduler::checkpoint(const Sequence* seq, int n_tokens, int slot) {
   if (checkpoints_ && slot >= 0 && n_tokens % cfg_.block_size == 0)
-    checkpoints_->save(seq->tokens, n_tokens, *states_, slot);
+    checkpoints_->save(seq->tokens, n_tokens, *states_, slot, seq->blocks.root);
 }
 
 // A drafted hybrid decode keeps `rows` of its step's rows (positions first, first + 1, …): the state after row
@@ -114,7 +118,7 @@ void Scheduler::fork(Sequence* parent, Sequence* child) {
   child->n_computed = parent->n_computed;
   child->status = SeqStatus::RUNNING;
   child->arrival = admitted_++;
-  running_.push_back(child);
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), child, by_priority), child);
 }
 
 Scheduler::PrefillBudget Scheduler::prefill_budget() const {
@@ -137,65 +141,109 @@ int Scheduler::prefill_take(PrefillBudget& b, const Sequence* seq, int start, in
   return n;
 }
 
+// The step's walk takes running and waiting sequences best priority first (a running one first on a tie): a
+// waiting request of better priority than a running one is admitted before that one's chunk is planned, and may
+// preempt running ones of worse priority for seats and blocks. With one priority this is the plain order:
+// every running sequence, then the waiting ones.
 Schedule Scheduler::schedule() {
   Schedule out;
-  int budget = cfg_.max_batched_tokens;
-  PrefillBudget time = prefill_budget();
-  bool preempted = false;
-  for (size_t i = 0; i < running_.size() && budget > 0; i++) {
-    Sequence* seq = running_[i];
-    int n = std::min(seq->n_pending(), budget);
-    if (n > 1) n = prefill_take(time, seq, seq->n_computed, n);  // a prompt still being computed
-    if (n <= 0) continue;
-    n = checkpoint_within(seq, seq->n_computed, n);
-    // Free blocks by preempting the newest running sequences (never one already scheduled).
-    bool ok;
-    while (!(ok = blocks_.append(seq->blocks, seq->n_computed, seq->n_computed + n, &out.copies)) &&
-           running_.back() != seq) {
-      preempt(running_.back());
-      preempted = true;
-    }
-    if (!ok) {
-      preempt(seq);
-      preempted = true;
+  Walk w{cfg_.max_batched_tokens, prefill_budget()};
+  for (const Sequence* s : running_) w.seats += seats(s);
+  size_t i = 0;  // running_[0, i) are planned (or skipped); the rest are not
+  while (w.budget > 0) {
+    Sequence* run = i < running_.size() ? running_[i] : nullptr;
+    Sequence* wait = w.admitting && !w.preempted && !waiting_.empty() ? waiting_.front() : nullptr;
+    if (wait && (!run || wait->priority < run->priority)) {
+      w.admitting = admit(wait, i, out, w);
+      i += w.admitting;
+    } else if (run && plan_running(run, out, w)) {
+      i++;
+    } else {
       break;
     }
-    out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
-    budget -= n;
   }
-  // A request of n samples takes n seats of the sequence cap from its admission on (it forks later).
-  auto seats = [](const Sequence* s) { return std::max<int>(1, (int)s->pending_samples.size()); };
-  int used = 0;
-  for (const Sequence* s : running_) used += seats(s);
-  while (!preempted && !waiting_.empty() && budget > 0 && used + seats(waiting_.front()) <= cfg_.max_num_seqs) {
-    Sequence* seq = waiting_.front();
-    // A hit stops short of the rows the sequence must record; one that must record its first row (mean
-    // pooling, prompt logprobs) skips the lookup, and is no prefix-cache query (as vLLM counts them).
-    const int cacheable = seq->cacheable();
-    std::vector<int32_t> prefix;
-    if (cacheable > 0) prefix = blocks_.lookup(seq->tokens);
-    prefix.resize(std::min<size_t>(prefix.size(), cacheable / cfg_.block_size));
-    if (states_)  // a hybrid resumes only where the recurrent state was checkpointed
-      prefix.resize(checkpoints_ ? checkpoints_->usable(seq->tokens, (int)prefix.size(), cfg_.block_size) : 0);
-    int hit = (int)prefix.size() * cfg_.block_size;
-    int n = std::min((int)seq->tokens.size() - hit, budget);
-    if (n > 1) n = prefill_take(time, seq, hit, n);
-    if (n <= 0 || !blocks_.can_allocate(prefix, hit + n) || !take_states(seq, seats(seq))) break;
-    n = checkpoint_within(seq, hit, n);
-    waiting_.pop_front();
-    blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, cacheable > 0);
-    if (hit > 0 && states_) checkpoints_->restore(seq->tokens, hit, *states_, seq->state_slot);
-    seq->n_computed = hit;
-    if (seq->n_cached < 0) seq->n_cached = hit;  // what the request's prompt got, not a later re-admission's
-    seq->status = SeqStatus::RUNNING;
-    seq->arrival = admitted_++;
-    running_.push_back(seq);
-    used += seats(seq);
-    out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
-    budget -= n;
-  }
-  add_drafts(out, preempted ? 0 : budget, time);  // blocks short: no draft takes one
+  add_drafts(out, w.preempted ? 0 : w.budget, w.time);  // blocks short: no draft takes one
   return out;
+}
+
+// A request of n samples takes n seats of the sequence cap from its admission on (it forks later).
+int Scheduler::seats(const Sequence* s) { return std::max<int>(1, (int)s->pending_samples.size()); }
+
+// seq's next chunk (a decode: its token): false when seq itself had to be preempted (the step ends there).
+bool Scheduler::plan_running(Sequence* seq, Schedule& out, Walk& w) {
+  int n = std::min(seq->n_pending(), w.budget);
+  if (n > 1) n = prefill_take(w.time, seq, seq->n_computed, n);  // a prompt still being computed
+  if (n <= 0) return true;
+  n = checkpoint_within(seq, seq->n_computed, n);
+  // Free blocks by preempting the worst running sequences (never one already planned: they come before seq).
+  bool ok;
+  while (!(ok = blocks_.append(seq->blocks, seq->n_computed, seq->n_computed + n, &out.copies)) &&
+         running_.back() != seq) {
+    w.seats -= seats(running_.back());
+    preempt(running_.back());
+    w.preempted = true;
+  }
+  if (!ok) {
+    preempt(seq);
+    w.preempted = true;
+    return false;
+  }
+  out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
+  w.budget -= n;
+  return true;
+}
+
+// Whether a running sequence not yet planned (from `at` on) is of worse priority than seq: it may be preempted
+// to make room for seq.
+bool Scheduler::can_bump(const Sequence* seq, size_t at) const {
+  return running_.size() > at && running_.back()->priority > seq->priority;
+}
+
+void Scheduler::bump(Walk& w) {
+  w.seats -= seats(running_.back());
+  preempt(running_.back());
+  w.preempted = true;  // blocks are tight: nothing else is admitted this step
+}
+
+// The longest cached prefix seq may reuse: short of the rows it must record (one that must record its first
+// row, mean pooling or prompt logprobs, skips the lookup), and for a hybrid only to a checkpointed state.
+std::vector<int32_t> Scheduler::usable_prefix(const Sequence* seq) const {
+  const int cacheable = seq->cacheable();
+  std::vector<int32_t> prefix;
+  if (cacheable > 0) prefix = blocks_.lookup(seq->tokens, seq->blocks.root);
+  prefix.resize(std::min<size_t>(prefix.size(), cacheable / cfg_.block_size));
+  if (states_)
+    prefix.resize(checkpoints_ ? checkpoints_->usable(seq->tokens, (int)prefix.size(), cfg_.block_size,
+                                                      seq->blocks.root) : 0);
+  return prefix;
+}
+
+// Admits waiting_.front() (seq) as running_[at] with its first chunk; false (nothing changed but the
+// preemptions it made) when it does not fit: nothing after it is admitted this step.
+bool Scheduler::admit(Sequence* seq, size_t at, Schedule& out, Walk& w) {
+  while (w.seats + seats(seq) > cfg_.max_num_seqs && can_bump(seq, at)) bump(w);
+  if (w.seats + seats(seq) > cfg_.max_num_seqs) return false;
+  const std::vector<int32_t> prefix = usable_prefix(seq);
+  const int hit = (int)prefix.size() * cfg_.block_size;
+  int n = std::min((int)seq->tokens.size() - hit, w.budget);
+  if (n > 1) n = prefill_take(w.time, seq, hit, n);
+  if (n <= 0) return false;
+  auto fits = [&] { return blocks_.can_allocate(prefix, hit + n) && (!states_ || states_->num_free() >= seats(seq)); };
+  while (!fits() && can_bump(seq, at)) bump(w);
+  if (!fits() || !take_states(seq, seats(seq))) return false;
+  n = checkpoint_within(seq, hit, n);
+  waiting_.pop_front();
+  blocks_.allocate(seq->blocks, seq->tokens, prefix, hit + n, seq->cacheable() > 0);
+  if (hit > 0 && states_) checkpoints_->restore(seq->tokens, hit, *states_, seq->state_slot, seq->blocks.root);
+  seq->n_computed = hit;
+  if (seq->n_cached < 0) seq->n_cached = hit;  // what the request's prompt got, not a later re-admission's
+  seq->status = SeqStatus::RUNNING;
+  seq->arrival = admitted_++;
+  running_.insert(running_.begin() + at, seq);  // after every running one of its priority or better
+  w.seats += seats(seq);
+  out.seqs.push_back({seq, n, seq->n_computed + n == (int)seq->tokens.size()});
+  w.budget -= n;
+  return true;
 }
 
 // Each scheduled decode with a draft gets the rows draft_rows gives it; a draft whose blocks are short is

@@ -23,6 +23,11 @@
 // runs past its last full block's boundary takes a slot for the state there, copied mid-step (or, with none
 // free, stops at the boundary) so that a repeated prompt finds one there.
 //
+// Priorities (Sequence::priority, lower first; vLLM's): the waiting queue and the running set are kept in
+// priority order, oldest first within one; a step plans them best first, so a better request is admitted before
+// a worse running one's chunk, may preempt worse running ones for seats and blocks, and preemption takes the worst,
+// newest sequence first. With one priority everything is first come, first served.
+//
 // One rule drives everything: a running sequence's computed tokens catch up with its total tokens.
 // computed() is how a step reports progress (the engine after its forward, the simulator at once).
 #pragma once
@@ -99,6 +104,16 @@ class Scheduler {
   const std::deque<Sequence*>& waiting() const { return waiting_; }
 
  private:
+  // One step's walk: the tokens it may still take, the time the step target leaves, the seats taken, whether
+  // anything was preempted (then nothing more is admitted) and whether admissions go on.
+  struct PrefillBudget;
+  struct Walk;
+  static int seats(const Sequence* s);
+  bool plan_running(Sequence* seq, Schedule& out, Walk& w);
+  bool admit(Sequence* seq, size_t at, Schedule& out, Walk& w);
+  bool can_bump(const Sequence* seq, size_t at) const;
+  void bump(Walk& w);
+  std::vector<int32_t> usable_prefix(const Sequence* seq) const;
   void preempt(Sequence* seq);
   void release_states(Sequence* seq);
   void checkpoint(const Sequence* seq, int n_tokens, int slot);  // at a block boundary: slot's state after n_tokens
@@ -111,6 +126,13 @@ class Scheduler {
     double seconds = 0.0;      // what the step target leaves for prompt chunks
     bool floor_given = false;  // the step's first chunk got its min_prefill_chunk
   };
+  struct Walk {
+    int budget;
+    PrefillBudget time;
+    int seats = 0;
+    bool preempted = false;
+    bool admitting = true;
+  };
   PrefillBudget prefill_budget() const;
   int prefill_take(PrefillBudget& b, const Sequence* seq, int start, int want);  // tokens, and charges b
   void add_drafts(Schedule& out, int budget, PrefillBudget& time);
@@ -118,8 +140,8 @@ class Scheduler {
 
   SchedulerConfig cfg_;
   BlockManager& blocks_;
-  std::deque<Sequence*> waiting_;
-  std::vector<Sequence*> running_;  // in admission order
+  std::deque<Sequence*> waiting_;   // by priority, then arrival (a preempted one first of its priority)
+  std::vector<Sequence*> running_;  // by priority, then admission order
   uint64_t preemptions_ = 0;
   uint64_t admitted_ = 0;
   double target_ = 0.0;

@@ -48,6 +48,8 @@ struct Sequence {
   std::vector<int> pending_samples;
   std::vector<std::unique_ptr<Sampler>> fork_samplers;  // [n], by sample index, until the fork (none in SchedulerSim)
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
+  int priority = 0;                  // lower is served first (vLLM's `priority`): admission, the step's budget, preemption
+  bool return_progress = false;      // an output after each step that computed part of its prompt (StepOutput::progress)
   int n_cached = -1;                 // prompt tokens found in the prefix cache at first admission (-1: not yet)
   double first_scheduled = 0.0;      // monotonic seconds of the step that first scheduled it (0: not yet)
   // What a request may ask of its prompt rows, each recorded once (a recomputation after preemption skips
@@ -104,6 +106,7 @@ struct Sequence {
     s->tokens = tokens;
     s->n_prompt = n_prompt;
     s->first_scheduled = first_scheduled;
+    s->priority = priority;
     s->stop = stop;
     return s;
   }

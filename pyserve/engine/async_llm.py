@@ -34,7 +34,7 @@ import trio
 
 from .. import _engine
 from .engine_request import EngineRequest, PromptType, prompt_ids
-from .output_processor import Delta, RequestState
+from .output_processor import Delta, PromptProgress, RequestState
 from .sampling_params import SamplingParams
 from .structured import StructuredOutputsParams
 
@@ -65,6 +65,9 @@ class StreamOutput:
     # first, else {prompt token: logprob, then its top alternatives} (the n samples share one list)
     prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
     stop_reason: Optional[str] = None  # on the final output: the stop string that ended it (vLLM's)
+    # SamplingParams.return_progress: the prompt's progress, on the outputs of steps that computed part of it
+    # (such an output may carry no token)
+    prompt_progress: Optional[PromptProgress] = None
 
 
 class _Sample:
@@ -94,6 +97,7 @@ class _Sample:
             p.logprobs = d.logprobs if p.logprobs is None else p.logprobs + d.logprobs
         p.finish_reason = d.finish_reason or p.finish_reason
         p.stop_reason = d.stop_reason or p.stop_reason
+        p.progress = d.progress or p.progress
 
     def take(self) -> Delta:
         d, self.pending = self.pending, None
@@ -282,6 +286,10 @@ class AsyncLLM:
         if plp is not None:
             stream.prompt_logprobs = plp
         sample = stream.samples[index]
+        if o.progress:
+            stream.push(index, Delta(progress=PromptProgress(o.n_prompt, o.n_cached, o.progress,
+                                                             round((o.step_ts - o.scheduled_ts) * 1000))))
+            return
         token = o.token
         if token >= 0:
             sample.first_token_ts = sample.first_token_ts or o.step_ts
@@ -353,7 +361,8 @@ class AsyncLLM:
         if stream.prompt_logprobs is not None and not s.prompt_logprobs_sent:
             plp, s.prompt_logprobs_sent = stream.prompt_logprobs, True
         return StreamOutput(rid, ids, d.text, d.token_ids, d.logprobs, d.finish_reason, stream.scheduled_ts,
-                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index, plp, d.stop_reason)
+                            s.first_token_ts, s.last_token_ts, stream.cached_tokens, index, plp, d.stop_reason,
+                            d.progress)
 
     def _new_id(self, request_id: Optional[str]) -> tuple[str, str]:
         """(user id, engine id) of a new call; raises ValueError for a user id still live."""
@@ -365,16 +374,16 @@ class AsyncLLM:
         return rid, f"{rid}#{next(self._ids)}"
 
     async def embed(self, prompt: PromptType, pooling: str = "last", normalize: bool = True,
-                    request_id: Optional[str] = None) -> np.ndarray:
+                    request_id: Optional[str] = None, cache_salt: Optional[str] = None) -> np.ndarray:
         """The prompt's embedding, float32 [n_embd]: its final-norm hidden state pooled over the prompt, "last"
         (the last token's) or "mean" (of every token's), L2-normalised if `normalize`; "rank": [1] a reranker's
         relevance score of the prompt (Model::rank). One prefill-only engine request, batched with whatever else
         runs. Raises ValueError before queueing for a refused request (check_embed's rules, a request id still
         live); RuntimeError if the engine ends it first (abort(), shutdown, an engine error). Cancelling the
-        caller aborts the request and frees its blocks."""
+        caller aborts the request and frees its blocks. `cache_salt`: as SamplingParams.cache_salt."""
         rid, eid = self._new_id(request_id)
         ids = self.prompt_ids(prompt)
-        self.loop.add_embed(eid, ids, pooling, normalize)  # validates: ValueError, nothing queued
+        self.loop.add_embed(eid, ids, pooling, normalize, cache_salt=cache_salt or "")  # validates: ValueError, nothing queued
         wait = self._embeds[eid] = _EmbedWait()
         self._active[rid] = eid
         try:

@@ -24,6 +24,19 @@ def ranked(entry: dict[int, float]) -> list[tuple[int, float]]:
     return rest[:at] + [(token, lp)] + rest[at:]
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far the prompt's prefill is (llama.cpp's `prompt_progress`): prompt tokens in all, served by the
+    prefix cache, computed so far (cached ones included), and milliseconds since the request was first scheduled."""
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+    def to_dict(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+
 @dataclass
 class Delta:
     text: str = ""
@@ -31,6 +44,7 @@ class Delta:
     logprobs: Optional[list[dict[int, float]]] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[str] = None  # the stop string that ended the sample (vLLM's stop_reason)
+    progress: Optional[PromptProgress] = None  # the latest prompt progress (SamplingParams.return_progress)
 
 
 class RequestState:

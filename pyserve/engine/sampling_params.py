@@ -34,6 +34,13 @@ class SamplingParams:
     # Constrain the text (JSON schema, regex, choice, grammar): every sample draws only what it allows, and
     # ends ("stop") when the grammar is complete. Reported logprobs stay the model's raw distribution.
     structured_outputs: Optional[StructuredOutputsParams] = None
+    # What the request asks of the scheduler, carried here so that one object bridges the API to the engine
+    # (vLLM takes priority as a generate() argument and cache_salt in the prompt): lower priority values are
+    # served first (admission, the step's tokens, preemption); requests with different cache salts never share
+    # cached KV blocks (None: the shared cache); return_progress: the stream reports the prompt's progress.
+    priority: int = 0
+    cache_salt: Optional[str] = None
+    return_progress: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -54,6 +61,10 @@ class SamplingParams:
             ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"must be in [0, {MAX_LOGPROBS}]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
+            ("priority", isinstance(self.priority, int) and -2**31 <= self.priority < 2**31,
+             "must be an integer in [-2^31, 2^31)"),
+            ("cache_salt", self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt),
+             "must be a non-empty string if given"),
         ]
         for name, ok, why in checks:
             if not ok:

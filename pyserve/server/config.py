@@ -21,6 +21,8 @@ class ServerConfig:
     max_body_size: int = 8 * 1024 * 1024  # bytes; larger bodies get 413
     body_timeout: float = 30.0  # seconds to receive a body; slower gets 408
     stalled_client_timeout: float = 30.0  # seconds a stream write may wait on a client that is not reading
+    sse_keepalive: float = 10.0  # seconds of silence after which a stream gets an SSE comment line (0: never)
+    shared_prefix_cache: bool = False  # API keys share one prefix cache (else each key's prompts are its own)
     trust_request_chat_template: bool = False  # render a template sent in a request (with CPU/memory limits)
     pooling: str = "last"  # /v1/embeddings: "last" (the last token's final-norm hidden state) or "mean"
     normalize_embeddings: bool = True

@@ -121,7 +121,8 @@ class Edge:
                               admit=partial(self.admission.admit, key), draining=draining,
                               stall_timeout=self.config.stalled_client_timeout, on_stall=self._stalled,
                               request_id=request.scope.get(ID_KEY) or secrets.token_hex(12),
-                              owner=request.scope.get(OWNER_KEY))
+                              owner=request.scope.get(OWNER_KEY), sse_keepalive=self.config.sse_keepalive,
+                              cache_tenant=None if self.config.shared_prefix_cache else request.scope.get(OWNER_KEY))
 
     def _stalled(self) -> None:
         self.stalled_clients += 1

@@ -61,6 +61,8 @@ class ServeOptions:
     keep_alive_timeout: float = 15.0
     drain_timeout: float = 30.0
     stalled_client_timeout: float = 30.0
+    sse_keepalive: float = 10.0
+    shared_prefix_cache: bool = False
     engine: EngineOptions = field(default_factory=EngineOptions.serving)  # every model's, unless its table says
     trust_request_chat_template: bool = False
     pooling: str = "last"
@@ -87,7 +89,8 @@ def _app(opts: ServeOptions):
         allowed_origins=list(opts.allowed_origins), rate_limit_rpm=opts.rate_limit_rpm,
         rate_limit_tpm=opts.rate_limit_tpm, max_waiting=opts.max_waiting, max_queue_wait=opts.max_queue_wait,
         max_body_size=opts.max_body_size, body_timeout=opts.body_timeout,
-        stalled_client_timeout=opts.stalled_client_timeout,
+        stalled_client_timeout=opts.stalled_client_timeout, sse_keepalive=opts.sse_keepalive,
+        shared_prefix_cache=opts.shared_prefix_cache,
         trust_request_chat_template=opts.trust_request_chat_template, pooling=opts.pooling,
         normalize_embeddings=opts.normalize_embeddings, tool_call_parser=opts.tool_call_parser,
         reasoning_parser=opts.reasoning_parser, reasoning_budget=opts.reasoning_budget,

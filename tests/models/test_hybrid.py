@@ -146,6 +146,23 @@ def test_a_repeated_prompt_resumes_from_a_state_checkpoint(path, max_num_seqs):
     assert first == second and (s["prefix_cache_hits"], s["state_checkpoint_restores"]) == (36, 1)
 
 
+def test_a_checkpoint_is_its_cache_salts_own(path):
+    """A state checkpoint is saved under its request's cache salt: the same prompt under another salt finds
+    neither the blocks nor the state (computed whole), under the same salt it resumes; the tokens are the same."""
+    eng = _engine.Engine(str(path), n_threads=1, block_size=4)
+    prompt = _tokens(40, 80)
+    got = []
+    for rid, salt in (("a", "x"), ("b", "y"), ("c", "x")):
+        eng.add(rid, prompt, GREEDY, 4, True, cache_salt=salt)
+        toks = []
+        while eng.has_work():
+            toks += [o.token for o in eng.step() if o.token >= 0]
+        s = eng.stats()
+        got.append((toks, s["prefix_cache_hits"], s["state_checkpoint_restores"]))
+    assert [g[1:] for g in got] == [(0, 0), (0, 0), (36, 1)]
+    assert got[0][0] == got[1][0] == got[2][0] and len(got[0][0]) == 4
+
+
 def test_a_checkpoint_within_a_chunk_is_a_boundary_steps_state(path):
     """The state copied mid-chunk at a prompt's last full block is bit for bit the state a chunk ending there
     leaves: a run restored from each gives the same tokens and logprobs."""

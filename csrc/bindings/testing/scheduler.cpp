@@ -83,13 +83,17 @@ class SchedulerSim {
     sched_.set_row_costs(&row_costs_);
   }
 
-  void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n) {
+  void add(const std::string& id, std::vector<int32_t> tokens, int max_tokens, int n, int priority,
+           const std::string& cache_salt) {
     if (tokens.empty() || max_tokens < 1 || n < 1 || n > max_num_seqs_)
       throw std::invalid_argument("empty prompt, max_tokens < 1, or n outside [1, max_num_seqs]");
     if (groups_.contains(id)) throw std::invalid_argument("duplicate request id '" + id + "'");
     StopConfig stop;
     stop.max_tokens = max_tokens;
-    groups_.admit(request_sequence(id, std::move(tokens), std::move(stop), n));
+    auto seq = request_sequence(id, std::move(tokens), std::move(stop), n);
+    seq->priority = priority;
+    seq->blocks.root = BlockManager::salted_root(cache_salt);  // as Engine::add
+    groups_.admit(std::move(seq));
   }
 
   // Ends sample `index` of the request (< 0: all of them) at once, as the engine's next step would.
@@ -182,8 +186,10 @@ void bind_testing_blocks(py::module_& m) {
       .def("is_cached", [](PyBlockManager& b, int blk) { return b.bm().is_cached(blk); })
       .def("allocate_block", [](PyBlockManager& b) { return b.bm().allocate_block(); })
       .def("release", [](PyBlockManager& b, int blk) { return b.bm().release(blk); })
-      .def("lookup", [](PyBlockManager& b, const std::vector<int32_t>& t) { return b.bm().lookup(t); },
-           py::arg("tokens"), "-> the cached prefix's block ids (never the last token's block)")
+      .def("lookup", [](PyBlockManager& b, const std::vector<int32_t>& t, const std::string& salt) {
+             return b.bm().lookup(t, BlockManager::salted_root(salt));
+           }, py::arg("tokens"), py::arg("cache_salt") = "",
+           "-> the cached prefix's block ids under that salt's root (never the last token's block)")
       .def("can_allocate", [](PyBlockManager& b, const std::vector<int32_t>& tokens, int n_tokens) {
              return b.bm().can_allocate(b.bm().lookup(tokens), n_tokens);
            }, py::arg("tokens"), py::arg("n_tokens"))
@@ -208,7 +214,8 @@ void bind_testing_scheduler(py::module_& m) {
            py::arg("max_num_seqs") = 64, py::arg("max_batched_tokens") = 512, py::arg("prefix_caching") = true,
            py::arg("spec_rows") = 8)
       .def("add", &SchedulerSim::add, py::arg("request_id"), py::arg("tokens"), py::arg("max_tokens"),
-           py::arg("n") = 1)
+           py::arg("n") = 1, py::kw_only(), py::arg("priority") = 0, py::arg("cache_salt") = "",
+           "queues a request: priority lower first, cache_salt \"\" the shared prefix cache")
       .def("abort", &SchedulerSim::abort, py::arg("request_id"), py::arg("index") = -1,
            "ends sample `index` of the request (-1: every sample), its blocks back to the pool")
       .def("step", &SchedulerSim::step, py::arg("drafts") = SchedulerSim::Drafts{},
@@ -222,8 +229,8 @@ void bind_testing_scheduler(py::module_& m) {
            "context position), step time = floor_s + s_per_gmac × GMACs")
       .def("set_row_costs", &SchedulerSim::set_row_costs, py::arg("seconds"),
            "price drafted rows: seconds[r] a step of r rows takes (seconds[0] = 0)")
-      .def("running", &SchedulerSim::running, "[(id, index)] in admission order")
-      .def("waiting", &SchedulerSim::waiting, "[(id, index)], next first")
+      .def("running", &SchedulerSim::running, "[(id, index)] by priority, then admission order")
+      .def("waiting", &SchedulerSim::waiting, "[(id, index)], next first (by priority, then arrival)")
       .def("table", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).blocks.blocks; },
            py::arg("request_id"), py::arg("index") = 0)
       .def("n_computed", [](const SchedulerSim& s, const std::string& id, int i) { return s.seq(id, i).n_computed; },

@@ -9,6 +9,9 @@
 - `request_id`: the request's id (the client's X-Request-Id, or one the edge made); responses' ids build on it.
 - `owner`: who stored state (the response store) belongs to: a hash of the caller's API key; None on a server
   without keys.
+- `cache_tenant`: whose prefix cache a request's prompt may reuse: the owner, unless the server shares one
+  cache across keys (--shared-prefix-cache); `cache_salt()` folds it into the request's own salt.
+- `sse_keepalive`: a stream silent this many seconds (a long prefill, a queue) gets an SSE comment line (0: never).
 """
 from __future__ import annotations
 
@@ -79,6 +82,15 @@ class RequestContext:
     on_stall: Optional[Callable[[], None]] = None
     request_id: str = field(default_factory=lambda: secrets.token_hex(12))
     owner: Optional[str] = None
+    cache_tenant: Optional[str] = None
+    sse_keepalive: float = 0.0
+
+    def cache_salt(self, salt: Optional[str]) -> Optional[str]:
+        """The salt a prompt is cached under: the request's own (vLLM's cache_salt) within its tenant's, so
+        that no key's prompts are probed through another's cache hits (None: the shared cache)."""
+        if self.cache_tenant is None:
+            return salt
+        return f"{self.cache_tenant}:{salt or ''}"  # the tenant is a hex digest: no ':' in it
 
     def response_id(self, prefix: str) -> str:
         return f"{prefix}-{self.request_id}"

@@ -120,6 +120,8 @@ StopTokenIds = Optional[Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN
 ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]  # OpenAI's rule, plus '.'
 MAX_TOOLS = 128
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Priority = Annotated[Optional[int], Field(ge=-(1 << 31), lt=1 << 31)]  # vLLM's: lower is served first
+CacheSalt = Annotated[Optional[str], StringConstraints(min_length=1, max_length=1024)]  # vLLM's: non-empty if given
 
 
 # ---- parsing ----

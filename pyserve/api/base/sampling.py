@@ -12,8 +12,8 @@ from pydantic import Field, field_validator, model_validator
 from ...engine.sampling_params import SamplingParams
 from ...engine.structured import StructuredOutputsParams
 from .errors import bad_request, unsupported
-from .protocol import (MAX_LOGIT_BIAS, SEED_MASK, MinP, MinTokens, PromptLogprobs, RepetitionPenalty, RequestModel,
-                       StopTokenIds, TopK, unsupported_error)
+from .protocol import (MAX_LOGIT_BIAS, SEED_MASK, CacheSalt, MinP, MinTokens, Priority, PromptLogprobs,
+                       RepetitionPenalty, RequestModel, StopTokenIds, TopK, unsupported_error)
 
 
 def _token_id_keys(bias: Optional[dict]) -> dict[int, float]:
@@ -123,6 +123,10 @@ class SamplingRequest(RequestModel):
     skip_special_tokens: Optional[bool] = None
     add_special_tokens: Optional[bool] = None  # False: no BOS beyond what the prompt (or template) writes
     prompt_logprobs: PromptLogprobs = None
+    priority: Priority = None
+    cache_salt: CacheSalt = None  # requests with different salts never share cached KV (a tenant's own cache)
+    # llama.cpp's: a streamed response reports the prompt's prefill (`prompt_progress` on its chunks)
+    return_progress: Optional[bool] = None
     # structured output: vLLM's, its older guided_* forms, llama.cpp's (at most one of all, with response_format)
     structured_outputs: Optional[StructuredOutputs] = None
     guided_json: Optional[Union[dict, str]] = None
@@ -198,7 +202,9 @@ class SamplingRequest(RequestModel):
             max_tokens=max_tokens, min_tokens=self.min_tokens or 0, logprobs=self.logprobs_wanted(),
             prompt_logprobs=self.prompt_logprobs_wanted(),
             logit_bias=self.logit_bias or {}, skip_special_tokens=_or(self.skip_special_tokens, not keep_special),
-            structured_outputs=constraint if constraint is not None else self.structured()[0])
+            structured_outputs=constraint if constraint is not None else self.structured()[0],
+            priority=self.priority or 0, cache_salt=self.cache_salt,
+            return_progress=bool(self.stream and self.return_progress))
 
     def logprobs_wanted(self) -> Optional[int]:
         """Alternatives per token (None: no logprobs)."""

@@ -21,7 +21,7 @@ from .errors import OpenAIError, from_constraint, from_engine, server_error
 from .replies import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob, Usage, usage
 from .sampling import SamplingRequest
 from .served_model import ServedModel
-from .streaming import DONE, SHUTDOWN, STALLED, EngineRequest, EventStream, StallWatch, choice_outputs
+from .streaming import DONE, KEEP_ALIVE, SHUTDOWN, STALLED, EngineRequest, EventStream, StallWatch, choice_outputs
 
 log = logging.getLogger("pyserve.server")
 _engine_ids = itertools.count()
@@ -49,6 +49,7 @@ async def engine_requests(model: ServedModel, ctx: RequestContext, rid: str, req
     for p, ids in enumerate(prompts):
         try:
             params = req.to_sampling_params(max_tokens_for(model, asked, len(ids)), so, keep_special)
+            params.cache_salt = ctx.cache_salt(params.cache_salt)
             model.engine.check(ids, params)
         except ValueError as e:
             raise from_engine(e, prompt_param, asked_field if asked is not None else None) from None
@@ -164,6 +165,9 @@ class ChunkMaker(Protocol):
     def usage(self, u: Usage):
         """The closing usage chunk (sent when the client asked for it)."""
 
+    def progress(self, index: int, p) -> list:
+        """The chunks that report the prompt's progress (a PromptProgress; asked with return_progress)."""
+
 
 def stream_events(model: ServedModel, ctx: RequestContext, requests: list[EngineRequest], ticket,
                   chunks: ChunkMaker, include_usage: bool) -> EventStream:
@@ -180,12 +184,17 @@ async def _events(model: ServedModel, ctx: RequestContext, requests: list[Engine
     obs.start(counter.n_prompt, stream=True)  # here, not before: a body never started never runs its finally
     try:
         yield chunks.first()
-        async with choice_outputs(model.engine, requests, ctx.draining, stall) as recv:
+        async with choice_outputs(model.engine, requests, ctx.draining, stall, ctx.sse_keepalive) as recv:
             async for batch in recv:
                 if batch[0] is SHUTDOWN or batch[0] is STALLED:
                     outcome = "error"
                     yield [_interrupted(batch[0]).body(), DONE]
                     return
+                if batch[0] is KEEP_ALIVE:  # written as any batch: a client that does not read stalls it too
+                    stall.writing()
+                    yield batch
+                    stall.written()
+                    continue
                 events, k, failure = _batch_events(obs, batch, chunks, counter)
                 if failure is not None:
                     outcome = "error"
@@ -220,6 +229,8 @@ def _batch_events(obs, batch: list, chunks: ChunkMaker, counter: UsageCounter) -
             return events, k, _engine_failure(out)
         k += obs.output(out)
         counter.add(out)
+        if out.prompt_progress is not None:
+            events.extend(chunks.progress(idx, out.prompt_progress))
         events.extend(chunks.delta(idx, out))
     return events, k, None
 

@@ -3,8 +3,10 @@
 The serving layer streams *events*, never bytes: an `EventStream` yields batches (lists) of them, each batch
 one engine step's events, which the server writes in one body write; how an event is framed on the wire
 (SSE's `data:` / `event:` lines, JSON) is the server's (server/http/sse.py). An event is a response model or a dict
-(a `data:` event), a `Named` one (an `event:` name, as the Responses and Messages APIs send), or `DONE`
-(OpenAI's closing `[DONE]`).
+(a `data:` event), a `Named` one (an `event:` name, as the Responses and Messages APIs send), `DONE`
+(OpenAI's closing `[DONE]`) or `KEEP_ALIVE` (an SSE comment line a stream sends after `sse_keepalive` seconds of
+silence — a long prefill, a queue — so that clients and proxies with read timeouts keep it; every API's
+translator passes it through as it is).
 
 `choice_outputs` runs every prompt of a response as one `AsyncLLM.generate` (its n choices forked in the
 engine) in one nursery and hands the consumer batches: everything that arrived since the last batch. It runs
@@ -26,6 +28,13 @@ class Done:
 
 
 DONE = Done()
+
+
+class KeepAlive:
+    """An SSE comment line: nothing to say yet, the stream is alive."""
+
+
+KEEP_ALIVE = KeepAlive()
 
 
 @dataclass(frozen=True)
@@ -92,9 +101,14 @@ class StallWatch:
                 return
 
 
-async def _next_batch(recv) -> list:
-    """Everything that arrived since the last batch (at least one item)."""
-    batch = [await recv.receive()]
+async def _next_batch(recv, keepalive: float) -> list:
+    """Everything that arrived since the last batch (at least one item), or [KEEP_ALIVE] when nothing came for
+    `keepalive` seconds (<= 0: wait for ever). (A memory channel's receive loses nothing when cancelled.)"""
+    batch = []
+    with trio.move_on_after(keepalive if keepalive > 0 else math.inf):
+        batch.append(await recv.receive())
+    if not batch:
+        return [KEEP_ALIVE]
     while True:
         try:
             batch.append(recv.receive_nowait())
@@ -110,9 +124,10 @@ def _choices_ended(batch: list, width: dict[int, int]) -> int:
 
 @trio.as_safe_channel
 async def choice_outputs(engine, requests: list[EngineRequest], shutdown: Optional[trio.Event] = None,
-                         stall: Optional[StallWatch] = None):
+                         stall: Optional[StallWatch] = None, keepalive: float = 0.0):
     """Yields lists of (choice index, StreamOutput | Exception), or [SHUTDOWN], or [STALLED] after `stall`
-    saw a write hang. Ends when every choice ends (an exception ends all of its request's choices)."""
+    saw a write hang, or [KEEP_ALIVE] after `keepalive` seconds without output (> 0). Ends when every choice
+    ends (an exception ends all of its request's choices)."""
     send, recv = trio.open_memory_channel(math.inf)
     width = {r.first_index: r.params.n for r in requests}
 
@@ -136,12 +151,13 @@ async def choice_outputs(engine, requests: list[EngineRequest], shutdown: Option
             nursery.start_soon(stall.watch, nursery.cancel_scope)
         left = sum(width.values())
         while left:
-            batch = await _next_batch(recv)
+            batch = await _next_batch(recv, keepalive)
             if any(item is SHUTDOWN for item in batch):
                 yield [SHUTDOWN]  # (cancelling before a yield would cancel the hand-over too)
                 nursery.cancel_scope.cancel()
                 return
-            left -= _choices_ended(batch, width)
+            if batch[0] is not KEEP_ALIVE:
+                left -= _choices_ended(batch, width)
             yield batch
         nursery.cancel_scope.cancel()
     if stall is not None and stall.stalled:

@@ -325,3 +325,4 @@ class ChatCompletionChunk(ReplyModel):
     system_fingerprint: Optional[str] = None
     choices: list[ChatChunkChoice]
     usage: Optional[Usage] = None
+    prompt_progress: Optional[dict] = None  # llama.cpp's (return_progress): {total, cache, processed, time_ms}

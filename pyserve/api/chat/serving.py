@@ -261,6 +261,9 @@ class _Shapes:
     def usage(self, u: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage=self._usage(u))
 
+    def progress(self, idx: int, p) -> list:
+        return [self._chunk([self._choice(idx, DeltaMessage.model_construct())], prompt_progress=p.to_dict())]
+
 
 def _stop_reason(matched: Optional[str]) -> dict:
     """vLLM's stop_reason, set only when a stop string ended the choice (so other responses keep their shape)."""

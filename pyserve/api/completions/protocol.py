@@ -96,3 +96,4 @@ class CompletionResponse(ReplyModel):
     system_fingerprint: Optional[str] = None
     choices: list[CompletionChoice]
     usage: Optional[Usage] = None
+    prompt_progress: Optional[dict] = None  # llama.cpp's, on a stream's chunks (return_progress)

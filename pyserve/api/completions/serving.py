@@ -162,6 +162,11 @@ class _Shapes:
     def usage(self, u: Usage) -> CompletionResponse:
         return self._body([], usage=u)
 
+    def progress(self, idx: int, p) -> list:
+        choice = CompletionChoice.model_construct(index=idx, text="", logprobs=None, finish_reason=None)
+        extra = {"usage": None} if self.req.include_usage else {}
+        return [self._body([choice], prompt_progress=p.to_dict(), **extra)]
+
 
 def _joined(head, tail, shift: int):
     """The prompt part's logprobs, then the generated part's with its offsets moved past the prompt."""

@@ -44,6 +44,7 @@ class InfillRequest(RequestModel):
     post_sampling_probs: Optional[bool] = None
     cache_prompt: Optional[bool] = None  # accepted: pyserve's prefix cache is always on
     return_tokens: Optional[bool] = None  # `tokens`: the generated token ids
+    return_progress: Optional[bool] = None  # a stream's steps carry `prompt_progress` while the prompt is computed
 
     @field_validator("post_sampling_probs")
     @classmethod
@@ -73,6 +74,7 @@ class InfillRequest(RequestModel):
         return CompletionRequest.model_construct(
             model=self.model, prompt=prompt_ids, max_tokens=self.bound(), temperature=self.temperature,
             top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, stream=self.stream, stop=self.stop,
+            return_progress=self.return_progress,
             repetition_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, json_schema=self.json_schema, grammar=self.grammar,
             seed=self.seed, ignore_eos=self.ignore_eos, logprobs=self.n_probs or None)

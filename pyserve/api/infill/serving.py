@@ -72,6 +72,11 @@ class _Shapes:
             step["completion_probabilities"] = self._probs(out.token_ids_delta, out.logprobs_delta or [])
         return [step]
 
+    def progress(self, idx: int, p) -> list:
+        return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0,
+                 "tokens_predicted": len(self.seen.token_ids), "tokens_evaluated": len(self.prompt_ids),
+                 "prompt_progress": p.to_dict()}]
+
     def usage(self, u: Usage) -> InfillResponse:
         return self._final(self.seen, u, streamed=True)
 

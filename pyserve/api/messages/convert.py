@@ -30,6 +30,7 @@ def _sampling(req: MessagesRequest) -> dict:
     out = {"max_tokens": req.max_tokens, "stream": bool(req.stream)}
     if req.stream:
         out["stream_options"] = {"include_usage": True}  # message_delta's usage
+        out["return_progress"] = True  # message_start's: the prompt's tokens and the cache's share, once admitted
     for name, value in (("stop", req.stop_sequences), ("temperature", req.temperature), ("top_p", req.top_p),
                         ("top_k", req.top_k)):
         if value is not None:

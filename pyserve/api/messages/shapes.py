@@ -28,8 +28,12 @@ def stop_reason(finish: Optional[str], matched: Optional[str]) -> tuple[Optional
 def usage(u) -> dict:
     """Anthropic counts the prompt tokens the cache served apart from input_tokens."""
     cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
-    return {"input_tokens": u.prompt_tokens - cached, "output_tokens": u.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    return prompt_usage(u.prompt_tokens, cached, u.completion_tokens)
+
+
+def prompt_usage(prompt: int, cached: int, output: int = 0) -> dict:
+    return {"input_tokens": prompt - cached, "output_tokens": output, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached}
 
 
 def message(rid: str, model: str, content: list, stop: tuple, u: Optional[dict]) -> dict:

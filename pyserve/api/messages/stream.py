@@ -1,6 +1,8 @@
 """The chat chunk stream as Anthropic's SSE events (`event: <type>` lines, api/base/streaming.py's Named).
 
-message_start, ping, then per block content_block_start / content_block_delta (thinking_delta, text_delta,
+message_start (once the prompt is admitted: its usage says how many prompt tokens the prefix cache served, as
+Anthropic's does; the chat stream's prompt progress tells it, and keep-alive comments cover the wait), ping, then
+per block content_block_start / content_block_delta (thinking_delta, text_delta,
 input_json_delta) / content_block_stop, then message_delta (stop_reason, usage) and message_stop. The chat
 stream's in-band error ends it with `event: error` in Anthropic's shape. Cancellation passes through: the chat
 stream's generator is closed with this one, which aborts the engine request.
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from ..base.streaming import DONE, EventStream, Named
+from ..base.streaming import DONE, KEEP_ALIVE, EventStream, Named
 from . import shapes
 from .errors import from_openai_body
 
@@ -17,10 +19,26 @@ from .errors import from_openai_body
 class _Blocks:
     """The open content block and what has been said of the message so far."""
 
-    def __init__(self):
+    def __init__(self, model: str):
+        self.model = model
         self.index, self.kind, self.call = -1, None, None
         self.stop, self.usage = (None, None), None
         self.started = False
+        self.id = ""
+
+    def start(self, c) -> list:
+        """message_start and a ping, before the first chunk that says something (the prompt's progress, text,
+        the end): the chat stream's opening role chunk is not yet the message."""
+        if self.started:
+            return []
+        self.id = getattr(c, "id", self.id)
+        p = getattr(c, "prompt_progress", None)
+        if c is not None and p is None and c.choices and all(getattr(ch.delta, "role", None) for ch in c.choices):
+            return []  # the opening role chunk
+        self.started = True
+        u = shapes.prompt_usage(p["total"], p["cache"]) if p else None
+        start = shapes.message(self.id, self.model, [], (None, None), u)
+        return [Named("message_start", {"type": "message_start", "message": start}), Named("ping", {"type": "ping"})]
 
     def open(self, kind: str, block: dict, call=None) -> list:
         out = self.close()
@@ -81,23 +99,20 @@ def message_events(chat: EventStream, model: str) -> EventStream:
 
 
 async def _events(chat: EventStream, model: str) -> AsyncIterator[list]:
-    blocks = _Blocks()
+    blocks = _Blocks(model)
     batches = chat.batches
     try:
         async for batch in batches:
             out = []
             for e in batch:
-                if e is DONE:
-                    out += blocks.end()
+                if e is KEEP_ALIVE:
+                    out.append(e)
+                elif e is DONE:
+                    out += blocks.start(None) + blocks.end()
                 elif isinstance(e, dict) and "error" in e:
                     out.append(Named("error", from_openai_body(e)))
-                elif not blocks.started:
-                    blocks.started = True
-                    start = shapes.message(e.id, model, [], (None, None), None)
-                    out += [Named("message_start", {"type": "message_start", "message": start}),
-                            Named("ping", {"type": "ping"})]
                 else:
-                    out += blocks.chunk(e)
+                    out += blocks.start(e) + blocks.chunk(e)
             yield out
             if any(isinstance(x, Named) and x.name == "error" for x in out):
                 return

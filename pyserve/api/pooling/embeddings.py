@@ -53,7 +53,8 @@ async def embed_all(m: ServedModel, ctx: RequestContext, inputs: list[list[int]]
     out: list = [None] * len(inputs)
 
     async def one(i: int) -> None:
-        out[i] = await m.engine.embed(inputs[i], pooling=pooling, normalize=normalize, request_id=f"{rid}-{i}")
+        out[i] = await m.engine.embed(inputs[i], pooling=pooling, normalize=normalize, request_id=f"{rid}-{i}",
+                                      cache_salt=ctx.cache_salt(None))
 
     ticket = ctx.admit(Demand([(len(ids), 0) for ids in inputs], 0))
     try:

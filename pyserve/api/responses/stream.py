@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..base.streaming import DONE, EventStream, Named
+from ..base.streaming import DONE, KEEP_ALIVE, EventStream, Named
 from .object import response_object
 from .protocol import ResponsesRequest
 
@@ -127,6 +127,9 @@ async def _events(chat: EventStream, req: ResponsesRequest, keep):
         out = []
         for item in batch:
             if item is DONE:
+                continue
+            if item is KEEP_ALIVE:
+                out.append(item)
                 continue
             if isinstance(item, dict):  # an error body: the stream ends after it
                 out += t.failed(item)

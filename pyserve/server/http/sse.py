@@ -10,11 +10,12 @@ from typing import AsyncIterator
 
 from pydantic import BaseModel
 
-from ...api.base.streaming import DONE, EventStream, Named
+from ...api.base.streaming import DONE, KEEP_ALIVE, EventStream, Named
 
 HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
            "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
+_KEEP_ALIVE = b": keep-alive\n\n"  # a comment line: every SSE parser skips it (WHATWG's event-stream rules)
 
 
 def dumps(obj) -> bytes:
@@ -28,6 +29,8 @@ def frame(event) -> bytes:
     """One event's SSE bytes."""
     if event is DONE:
         return _DONE
+    if event is KEEP_ALIVE:
+        return _KEEP_ALIVE
     if isinstance(event, Named):
         return b"event: " + event.name.encode() + b"\ndata: " + dumps(event.data) + b"\n\n"
     return b"data: " + dumps(event) + b"\n\n"
