@@ -11,6 +11,7 @@ void bind_testing(pybind11::module_& m) {
   bind_testing_sampler(m);
   bind_testing_blocks(m);
   bind_testing_scheduler(m);
+  bind_testing_disk_tier(m);
 }
 
 }  // namespace pyserve

@@ -22,5 +22,6 @@ void bind_testing_sampler(pybind11::module_& m);    // sampler.cpp
 void bind_testing_blocks(pybind11::module_& m);     // scheduler.cpp: BlockManager
 void bind_testing_scheduler(pybind11::module_& m);  // scheduler.cpp: SchedulerSim
 void bind_testing_machine(pybind11::module_& m);    // machine.cpp
+void bind_testing_disk_tier(pybind11::module_& m);  // disk_tier.cpp
 
 }  // namespace pyserve
