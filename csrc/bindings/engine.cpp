@@ -235,7 +235,11 @@ py::dict engine_stats(Engine& e) {
                   py::arg("step_bucket_bounds") = kStepBuckets, py::arg("spec_drafts") = s.spec_drafts,
                   py::arg("spec_draft_tokens") = s.spec_draft_tokens,
                   py::arg("spec_accepted_tokens") = s.spec_accepted_tokens, py::arg("mtp_guesses") = s.mtp_guesses,
-                  py::arg("row_costs") = s.row_costs);
+                  py::arg("row_costs") = s.row_costs, py::arg("disk_hits") = s.disk.hits,
+                  py::arg("disk_misses") = s.disk.misses, py::arg("disk_corrupt") = s.disk.corrupt,
+                  py::arg("disk_bytes_read") = s.disk.bytes_read, py::arg("disk_bytes_written") = s.disk.bytes_written,
+                  py::arg("disk_write_errors") = s.disk.write_errors, py::arg("disk_bytes") = s.disk.bytes,
+                  py::arg("disk_entries") = s.disk.entries);
 }
 
 // Engine's construction, its load-time calibration and what it tells of its model.
@@ -280,6 +284,8 @@ void def_engine_steps(py::class_<Engine>& engine) {
            "index < 0: every sample of the request; else that sample only")
       .def("step", &engine_step, "-> [StepOutput] of one step; releases the GIL")
       .def("has_work", &Engine::has_work)
+      .def("persist_kv_cache", &Engine::persist_kv_cache, py::call_guard<py::gil_scoped_release>(),
+           "with a disk tier (kv_cache_dir): saves every cached block no request holds, waits for the writes")
       .def("stats", &engine_stats)
       .def("set_price_drafts", &Engine::set_price_drafts, py::arg("on"),
            "False: every drafted row that fits is taken (drafting independent of timings, for tests)")

@@ -1,5 +1,9 @@
 #include "engine/engine.h"
 
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -76,6 +80,7 @@ void check_config(const EngineConfig& c) {
   kv_dtype_from_name(c.kv_cache_dtype);
   need(c.speculative_method == "ngram" || c.speculative_method == "mtp",
        "speculative_method must be one of ngram, mtp, got '" + c.speculative_method + "'");
+  need(c.kv_cache_disk <= (size_t)INT64_MAX, "kv_cache_disk must be a byte count below 2^63");
 }
 
 namespace {
@@ -174,6 +179,7 @@ Engine::Engine(const std::string& path, const EngineConfig& cfg, bool calibrate,
   SchedulerConfig sc{cfg_.max_num_seqs, cfg_.max_num_batched_tokens, cfg_.block_size};
   scheduler_ = std::make_unique<Scheduler>(sc, *blocks_);
   scheduler_->set_state_pool(states_.get(), checkpoints_.get());
+  if (!cfg_.kv_cache_dir.empty() && cfg_.enable_prefix_caching) init_disk(path);
   groups_ = std::make_unique<SequenceGroups>(*scheduler_, [this](const std::string& id) {
     std::lock_guard<std::mutex> lk(mu_);
     live_ids_.erase(id);
@@ -232,7 +238,43 @@ void Engine::calibrate_costs() {
   snapshot_stats();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  try {
+    persist_kv_cache();
+  } catch (...) {  // a cache: nothing to report from a destructor
+  }
+}
+
+namespace {
+
+// What makes a disk tier's blocks interchangeable: the model file itself (its real path, size, modification
+// time and inode, as the packed-weights cache keys it), the KV dtype, the block size and the layers' widths.
+uint64_t kv_layout_key(const std::string& path, const EngineConfig& c, const std::vector<int>& widths) {
+  struct stat st {};
+  char real[PATH_MAX];
+  if (!realpath(path.c_str(), real) || stat(real, &st) != 0)
+    throw std::invalid_argument("kv_cache_dir: cannot identify the model file '" + path + "'");
+  std::string key = std::string(real) + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) +
+                    "." + std::to_string(st.st_mtim.tv_nsec) + "|" + std::to_string(st.st_ino) + "|" +
+                    c.kv_cache_dtype + "|" + std::to_string(c.block_size) + "|v1";
+  for (int w : widths) key += "," + std::to_string(w);
+  std::vector<int32_t> bytes(key.begin(), key.end());
+  return BlockManager::hash_block(0x6b76646973ull, bytes.data(), (int)bytes.size());
+}
+
+}  // namespace
+
+void Engine::init_disk(const std::string& path) {
+  const int64_t max_bytes = cfg_.kv_cache_disk ? (int64_t)cfg_.kv_cache_disk : (int64_t)16 << 30;
+  const uint64_t layout = kv_layout_key(path, cfg_, model_->hparams().kv_widths(drafts_by_mtp(cfg_)));
+  auto tier = std::make_unique<DiskTier>(cfg_.kv_cache_dir, max_bytes, layout, kv_->block_bytes(), cfg_.block_size);
+  disk_ = std::make_unique<DiskBlocks>(*blocks_, *kv_, std::move(tier));
+  scheduler_->set_disk(disk_.get());
+}
+
+void Engine::persist_kv_cache() {
+  if (disk_) disk_->save_cached();
+}
 
 // A hybrid model: the recurrent state's slots and checkpoints as kv_geometry sized them — a slot for each of
 // the max_num_seqs seats and, with speculation, one for each row a step may draft (the state after each
@@ -723,6 +765,7 @@ void Engine::snapshot_stats() {
   s.blocks_total = blocks_->num_blocks();
   s.blocks_used = blocks_->num_used();
   s.blocks_cached = blocks_->num_cached();
+  if (disk_) s.disk = disk_->stats();
   s.state_slots_total = states_ ? states_->num_slots() : 0;
   s.state_slots_used = states_ ? states_->num_used() : 0;
   s.state_slot_bytes = states_ ? states_->slot_bytes() : 0;

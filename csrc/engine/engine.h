@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "scheduler/block_manager.h"
+#include "scheduler/disk_blocks.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "scheduler/scheduler.h"
@@ -49,6 +50,12 @@ struct EngineConfig {
   // How a KV cache slot stores K and V (kv_rows.h): "f16" (llama.cpp's default), "f32", "bf16", "q8_0" (34
   // bytes per 32 values: ~1.9× the tokens of f16 in the same memory).
   std::string kv_cache_dtype = "f16";
+  // The prefix cache's disk tier (disk_blocks.h): full prompt blocks the pool evicts (and those cached at
+  // persist_kv_cache) are kept as files in this directory ("": off), read back instead of recomputed — across
+  // restarts, and by other servers of the same model file and layout on the same directory. At most
+  // kv_cache_disk bytes (0: 16 GiB), the least recently used dropped.
+  std::string kv_cache_dir;
+  size_t kv_cache_disk = 0;
 };
 
 // What the engine makes of a model and a config before it allocates anything: the context and the KV pool.
@@ -88,7 +95,7 @@ KVGeometry kv_geometry(const HParams& hp, const EngineConfig& c);
 #define PYSERVE_ENGINE_CONFIG_FIELDS(X)                                                                      \
   X(n_threads) X(n_ctx) X(num_kv_blocks) X(kv_cache_memory) X(block_size) X(max_num_seqs)                    \
   X(max_num_batched_tokens) X(enable_prefix_caching) X(target_itl) X(speculative_ngram)                      \
-  X(speculative_price_drafts) X(speculative_method) X(kv_cache_dtype)
+  X(speculative_price_drafts) X(speculative_method) X(kv_cache_dtype) X(kv_cache_dir) X(kv_cache_disk)
 
 struct Request {
   std::string id;
@@ -157,6 +164,7 @@ struct EngineStats {
   uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
   uint64_t mtp_guesses = 0;                                   // MTP drafting: guesses made (output-head rows)
   std::vector<double> row_costs;                              // RowCosts::seconds (empty: speculation off)
+  DiskTierStats disk;                                         // the disk tier's (zeros without one)
 };
 
 // Upper bounds (seconds) of the step-time histogram's buckets; one more, +inf, is `steps`.
@@ -204,6 +212,9 @@ class Engine {
   // One schedule → forward → sample step. Returns one output per request that drew a token or finished.
   std::vector<StepOutput> step();
   bool has_work();  // thread-safe
+  // With a disk tier: saves every cached block no request holds and waits for the writes (a server's
+  // shutdown; the destructor does it too). Call between steps. No-op without one.
+  void persist_kv_cache();
   // Ends every request with finish_reason "error: <what>" and frees its blocks (after a failed step).
   std::vector<StepOutput> fail_all(const std::string& what);
   EngineStats stats();  // thread-safe: a snapshot taken at the end of the last step
@@ -249,6 +260,7 @@ class Engine {
   void check_size(const Request& req) const;  // context length and KV pool
   void build_batch(const Schedule& sched);
   void init_recurrent(const HParams& hp, const KVGeometry& geo);  // the state pool of a hybrid model
+  void init_disk(const std::string& path);    // the disk tier (kv_cache_dir), keyed by the file and the layout
   void record_rows(const Schedule& sched);    // what the prompt rows of this forward give (embeddings, scores)
   std::vector<std::pair<Sequence*, const float*>> computed(const Schedule& sched, double t_step,
                                                            std::vector<StepOutput>& out);
@@ -269,6 +281,7 @@ class Engine {
   std::unique_ptr<RecurrentStatePool> states_;  // hybrid models: a state slot per seat (max_num_seqs), else null
   std::unique_ptr<StateCheckpoints> checkpoints_;  // hybrid models with prefix caching: states at block boundaries
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<DiskBlocks> disk_;           // the prefix cache's disk tier (kv_cache_dir), else null
   std::vector<int32_t> eos_ids_;
   std::unique_ptr<SequenceGroups> groups_;  // the live requests' sequences; owned by the step thread
 

@@ -38,4 +38,24 @@ void KVCache::copy_block(int src, int dst) {
   }
 }
 
+void KVCache::save_block(int block, uint8_t* dst) const {
+  for (size_t l = 0; l < widths_.size(); l++) {
+    const size_t len = (size_t)block_size_ * row_bytes_[l];
+    if (len == 0) continue;
+    std::memcpy(dst, k((int)l, block, 0), len);
+    std::memcpy(dst + len, v((int)l, block, 0), len);
+    dst += 2 * len;
+  }
+}
+
+void KVCache::load_block(int block, const uint8_t* src) {
+  for (size_t l = 0; l < widths_.size(); l++) {
+    const size_t len = (size_t)block_size_ * row_bytes_[l];
+    if (len == 0) continue;
+    std::memcpy(k((int)l, block, 0), src, len);
+    std::memcpy(v((int)l, block, 0), src + len, len);
+    src += 2 * len;
+  }
+}
+
 }  // namespace pyserve

@@ -33,8 +33,14 @@ class KVCache {
 
   uint8_t* k(int layer, int block, int slot) { return k_.get() + index(layer, block, slot); }
   uint8_t* v(int layer, int block, int slot) { return v_.get() + index(layer, block, slot); }
+  const uint8_t* k(int layer, int block, int slot) const { return k_.get() + index(layer, block, slot); }
+  const uint8_t* v(int layer, int block, int slot) const { return v_.get() + index(layer, block, slot); }
   // Copies all layers' K/V of block src into block dst (copy-on-write of a shared block).
   void copy_block(int src, int dst);
+  // A block's K/V as bytes [block_bytes()]: each layer's K rows, then its V rows (the disk tier's payload).
+  size_t block_bytes() const { return bytes_per_block(widths_, block_size_, dtype_); }
+  void save_block(int block, uint8_t* dst) const;
+  void load_block(int block, const uint8_t* src);
 
  private:
   size_t index(int layer, int block, int slot) const {

@@ -65,6 +65,7 @@ int BlockManager::take_fresh() {
     b = lru_.front();
     lru_.pop_front();
     in_lru_[b] = 0;
+    if (on_evict_) on_evict_(b, hash_[b], parent_[b], &tokens_[(size_t)b * block_size_]);
     uncache(b);
   } else {
     throw std::runtime_error("KV block pool exhausted");
@@ -142,15 +143,23 @@ void BlockManager::commit(BlockTable& t, const std::vector<int32_t>& tokens, int
     if (has_hash_[b]) continue;  // a hit, or already registered
     uint64_t h = t.hashes[i];
     if (by_hash_.count(h)) continue;  // the same prefix computed twice (concurrently): keep the first
-    uint64_t parent = i == 0 ? t.root : t.hashes[i - 1];
-    has_hash_[b] = 1;
-    hash_[b] = h;
-    parent_[b] = parent;
-    std::memcpy(&tokens_[(size_t)b * block_size_], tokens.data() + (size_t)i * block_size_,
-                block_size_ * sizeof(int32_t));
-    by_hash_[h] = b;
+    register_block(b, h, i == 0 ? t.root : t.hashes[i - 1], tokens.data() + (size_t)i * block_size_);
   }
   t.n_committed = full;
+}
+
+bool BlockManager::register_block(int b, uint64_t hash, uint64_t parent, const int32_t* tokens) {
+  if (!prefix_caching_ || has_hash_.at(b) || by_hash_.count(hash)) return false;
+  has_hash_[b] = 1;
+  hash_[b] = hash;
+  parent_[b] = parent;
+  std::memcpy(&tokens_[(size_t)b * block_size_], tokens, block_size_ * sizeof(int32_t));
+  by_hash_[hash] = b;
+  return true;
+}
+
+void BlockManager::for_each_cached(const EvictionHook& fn) const {
+  for (int32_t b : lru_) fn(b, hash_[b], parent_[b], &tokens_[(size_t)b * block_size_]);
 }
 
 // ---- tables ----

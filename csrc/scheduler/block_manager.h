@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <string>
 #include <unordered_map>
@@ -84,6 +85,16 @@ class BlockManager {
   void truncate(BlockTable& t, int n_tokens);
   void free(BlockTable& t);
 
+  // ---- the disk tier (disk_blocks.h) ----
+  // Called with a cached block about to be evicted (its K/V still intact): (block, hash, parent, tokens).
+  using EvictionHook = std::function<void(int, uint64_t, uint64_t, const int32_t*)>;
+  void set_eviction_hook(EvictionHook hook) { on_evict_ = std::move(hook); }
+  // Registers block b (held, with the K/V of tokens [block_size]) in the cache under hash and parent, as
+  // commit() registers a computed one. False (nothing changed) when prefix caching is off or the hash is held.
+  bool register_block(int b, uint64_t hash, uint64_t parent, const int32_t* tokens);
+  // fn(block, hash, parent, tokens) for every cached block no table holds.
+  void for_each_cached(const EvictionHook& fn) const;
+
   // h(parent, tokens[begin, begin + block_size)), exposed for tests.
   static uint64_t hash_block(uint64_t parent, const int32_t* tokens, int n);
   // The root of the tables of a cache salt: kRootHash for "", else a hash of its bytes (never kRootHash).
@@ -107,6 +118,7 @@ class BlockManager {
   std::vector<int32_t> tokens_;                      // [num_blocks × block_size], when has_hash_
   std::unordered_map<uint64_t, int32_t> by_hash_;
   uint64_t queried_ = 0, hit_ = 0;
+  EvictionHook on_evict_;
 };
 
 }  // namespace pyserve

@@ -218,11 +218,22 @@ std::vector<int32_t> Scheduler::usable_prefix(const Sequence* seq) const {
   return prefix;
 }
 
+// Reads back what the disk tier holds of seq's prompt past the pool's cached prefix; false when the time bound
+// cut it short (seq waits for the next step, which goes on from there).
+bool Scheduler::promote_from_disk(const Sequence* seq) {
+  if (!disk_ || states_ || seq->cacheable() < (int)seq->tokens.size()) return true;
+  constexpr double kReadBound = 0.020;  // seconds a step beside running streams may read, without a step target
+  const bool streams = std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return !s->prefill_only(); });
+  const double bound = streams ? (target_ > 0 ? target_ : kReadBound) : 0.0;
+  const double compute = cost_ ? cost_->chunk_cost(cfg_.block_size, 0, false) : 0.0;
+  return disk_->promote(seq->tokens, seq->blocks.root, bound, compute).complete;
+}
+
 // Admits waiting_.front() (seq) as running_[at] with its first chunk; false (nothing changed but the
 // preemptions it made) when it does not fit: nothing after it is admitted this step.
 bool Scheduler::admit(Sequence* seq, size_t at, Schedule& out, Walk& w) {
   while (w.seats + seats(seq) > cfg_.max_num_seqs && can_bump(seq, at)) bump(w);
-  if (w.seats + seats(seq) > cfg_.max_num_seqs) return false;
+  if (w.seats + seats(seq) > cfg_.max_num_seqs || !promote_from_disk(seq)) return false;
   const std::vector<int32_t> prefix = usable_prefix(seq);
   const int hit = (int)prefix.size() * cfg_.block_size;
   int n = std::min((int)seq->tokens.size() - hit, w.budget);

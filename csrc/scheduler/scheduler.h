@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "scheduler/block_manager.h"
+#include "scheduler/disk_blocks.h"
 #include "kv/recurrent_state.h"
 #include "scheduler/state_checkpoints.h"
 #include "scheduler/sequence.h"
@@ -81,6 +82,11 @@ class Scheduler {
   void set_state_pool(RecurrentStatePool* states, StateCheckpoints* checkpoints = nullptr) {
     states_ = states, checkpoints_ = checkpoints;
   }
+  // The prefix cache's disk tier (owned by the caller; null: none): before a request is admitted, its prompt's
+  // blocks the pool no longer holds are promoted from disk (disk_blocks.h), within the step target's time (20 ms
+  // without one) while streams run; a request whose promotion is cut short waits for the next step. Not for
+  // hybrid models (their state checkpoints stay in memory).
+  void set_disk(DiskBlocks* disk) { disk_ = disk; }
   // Prices drafted rows (null: any that fits the rows, the budget and the target is taken).
   void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }
   const RowCosts* row_costs() const { return row_costs_; }
@@ -114,6 +120,7 @@ class Scheduler {
   bool can_bump(const Sequence* seq, size_t at) const;
   void bump(Walk& w);
   std::vector<int32_t> usable_prefix(const Sequence* seq) const;
+  bool promote_from_disk(const Sequence* seq);
   void preempt(Sequence* seq);
   void release_states(Sequence* seq);
   void checkpoint(const Sequence* seq, int n_tokens, int slot);  // at a block boundary: slot's state after n_tokens
@@ -149,6 +156,7 @@ class Scheduler {
   const RowCosts* row_costs_ = nullptr;
   RecurrentStatePool* states_ = nullptr;
   StateCheckpoints* checkpoints_ = nullptr;
+  DiskBlocks* disk_ = nullptr;
 };
 
 }  // namespace pyserve

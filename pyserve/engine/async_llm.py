@@ -218,7 +218,8 @@ class AsyncLLM:
 
     async def _shutdown(self) -> None:
         """Aborts every live request, ends its stream ("abort"), stops the engine thread and applies the
-        aborts so every block is back in the pool. Runs shielded: the caller may be cancelled."""
+        aborts so every block is back in the pool, then saves the cached blocks to the disk tier if there is one
+        (the next start finds them). Runs shielded: the caller may be cancelled."""
         self._closed = True
         self.abort_all()
         for stream in list(self._streams.values()):
@@ -235,6 +236,7 @@ class AsyncLLM:
                 if not engine.has_work():
                     break
                 engine.step()
+            engine.persist_kv_cache()
 
         await trio.to_thread.run_sync(stop_and_settle)
 

@@ -93,6 +93,12 @@ class EngineOptions:
         "f16", "--kv-cache-dtype", "how the KV cache stores K and V: f16, bf16, f32, q8_0 (34 bytes per 32 "
         "values: ~1.9x the tokens of f16 in the same memory; the model's head widths must be multiples of 32)",
         metavar="{f16,bf16,f32,q8_0}")
+    kv_cache_dir: str = _option(
+        "", "--kv-cache-dir", "the prefix cache's disk tier: full prompt blocks evicted from memory (and those "
+        "cached at shutdown) are kept here and read back instead of recomputed, across restarts and by other "
+        "servers of the same model file on the same directory (default: off)", metavar="DIR")
+    kv_cache_disk: int = _option(0, "--kv-cache-disk", "bytes the disk tier may hold (K/M/G/T suffixes), the least "
+                                 "recently used dropped", parse=byte_size, metavar="BYTES", zero_means="16G")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

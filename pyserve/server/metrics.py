@@ -181,7 +181,10 @@ _GAUGES = [("running", "pyserve:num_requests_running", "sequences in the engine'
             "recurrent state slots in use (hybrid models' DeltaNet layers: one per running sequence; else 0)"),
            ("state_slots_total", "pyserve:recurrent_state_slots_total", "recurrent state slots in all (else 0)"),
            ("grammar_matchers", "pyserve:grammar_matchers",
-            "structured-output matchers alive: one per constrained sample, plus the compiled grammars cached")]
+            "structured-output matchers alive: one per constrained sample, plus the compiled grammars cached"),
+           ("disk_bytes", "pyserve:kv_disk_bytes", "the KV cache's disk tier: bytes of this model's blocks on disk "
+            "(--kv-cache-dir; else 0)"),
+           ("disk_entries", "pyserve:kv_disk_blocks", "the KV cache's disk tier: blocks on disk")]
 _COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
              ("prefix_cache_queries", "pyserve:prefix_cache_queries",
               "prompt tokens looked up in the prefix cache at admission"),
@@ -191,7 +194,13 @@ _COUNTERS = [("preemptions", "pyserve:num_preemptions", "sequences preempted"),
              ("spec_drafts", "pyserve:spec_decode_num_drafts", "speculative drafts verified (one per stream and step)"),
              ("spec_draft_tokens", "pyserve:spec_decode_num_draft_tokens", "speculative tokens drafted and verified"),
              ("spec_accepted_tokens", "pyserve:spec_decode_num_accepted_tokens",
-              "drafted tokens the model agreed with (each one a decode step saved)")]
+              "drafted tokens the model agreed with (each one a decode step saved)"),
+             ("disk_hits", "pyserve:kv_disk_hits", "KV blocks read back from the disk tier instead of recomputed"),
+             ("disk_bytes_read", "pyserve:kv_disk_read_bytes", "bytes read from the disk tier"),
+             ("disk_bytes_written", "pyserve:kv_disk_written_bytes", "bytes written to the disk tier"),
+             ("disk_corrupt", "pyserve:kv_disk_corrupt", "disk tier entries that failed their checks (dropped)"),
+             ("disk_write_errors", "pyserve:kv_disk_write_errors",
+              "disk tier writes that failed (a full disk: the block is not kept, nothing else happens)")]
 
 
 def _step_histogram(stats: dict) -> HistogramMetricFamily:

@@ -5,8 +5,7 @@ import random
 import pytest
 
 from pyserve import _engine
-
-GREEDY = {"temperature": 0.0}
+from support.engine_runs import greedy_run as run
 
 
 def toks(n, start=100):
@@ -46,16 +45,6 @@ def test_one_salt_of_two_requests_shares_within_the_step():
 @pytest.fixture(scope="module")
 def eng(model_path):
     return _engine.Engine(model_path, n_threads=2)
-
-
-def run(eng, rid, prompt, salt):
-    eng.add(rid, prompt, GREEDY, 4, True, cache_salt=salt)
-    out, cached = [], None
-    while eng.has_work():
-        for o in eng.step():
-            out += [o.token] if o.token >= 0 else []
-            cached = o.n_cached
-    return out, cached
 
 
 def test_the_engine_caches_per_salt_and_gives_the_same_tokens(eng):

@@ -29,7 +29,7 @@ def test_every_field_is_a_flag_with_its_value():
     values = {"n_threads": 3, "n_ctx": 256, "num_kv_blocks": 40, "block_size": 8, "max_num_seqs": 5,
               "max_num_batched_tokens": 96, "enable_prefix_caching": False, "target_itl": 0.05,
               "speculative_ngram": 3, "speculative_price_drafts": False, "speculative_method": "mtp",
-              "kv_cache_dtype": "q8_0"}
+              "kv_cache_dtype": "q8_0", "kv_cache_dir": "/tmp/kv-tier", "kv_cache_disk": 4096}
     argv = []
     for f in dataclasses.fields(EngineOptions):
         if f.name in values:
@@ -63,7 +63,8 @@ def test_a_bad_flag_is_a_usage_error_naming_it(argv, says, capsys):
 def test_every_key_of_a_models_config_table(tmp_path, model_path):
     keys = {"threads": 1, "ctx_size": 128, "kv_cache_memory": "2M", "block_size": 32, "max_num_seqs": 3,
             "max_num_batched_tokens": 64, "enable_prefix_caching": False, "target_itl": 0.0, "speculative_ngram": 2,
-            "speculative_price_drafts": False, "speculative_method": "ngram", "kv_cache_dtype": "bf16"}
+            "speculative_price_drafts": False, "speculative_method": "ngram", "kv_cache_dtype": "bf16",
+            "kv_cache_dir": "/tmp/kv-tier", "kv_cache_disk": "2G"}
     assert set(keys) | {"num_kv_blocks"} == set(BY_KEY)
     body = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}" for k, v in keys.items())
     (tmp_path / "m.toml").write_text(f'[small]\npath = "{model_path}"\n{body}\n[bad]\npath = "x.gguf"\n')
@@ -73,7 +74,8 @@ def test_every_key_of_a_models_config_table(tmp_path, model_path):
     spec = read_models_file(str(tmp_path / "m.toml"))[0]
     assert EngineOptions().replace(**spec.engine) == EngineOptions(
         n_threads=1, n_ctx=128, kv_cache_memory=2 << 20, block_size=32, max_num_seqs=3, max_num_batched_tokens=64,
-        enable_prefix_caching=False, speculative_ngram=2, speculative_price_drafts=False, kv_cache_dtype="bf16")
+        enable_prefix_caching=False, speculative_ngram=2, speculative_price_drafts=False, kv_cache_dtype="bf16",
+        kv_cache_dir="/tmp/kv-tier", kv_cache_disk=2 << 30)
 
 
 @pytest.mark.parametrize("opts", [{}, {"n_ctx": 300, "kv_cache_memory": 1 << 20}, {"num_kv_blocks": 7, "block_size": 8},
