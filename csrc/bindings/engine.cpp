@@ -100,12 +100,16 @@ void bind_engine_config(py::module_& m) {
         "as loading would raise them");
 }
 
-// What a request asks of the scheduler rather than the sampler (Request's last three fields).
+// What a request asks of the scheduler rather than the sampler (Request's last four fields).
 struct Placement {
   std::string cache_salt;
   int priority = 0;
   bool return_progress = false;
-  void apply(Request& r) const { r.cache_salt = cache_salt, r.priority = priority, r.return_progress = return_progress; }
+  bool write_through = false;
+  void apply(Request& r) const {
+    r.cache_salt = cache_salt, r.priority = priority, r.return_progress = return_progress;
+    r.write_through = write_through;
+  }
 };
 
 Request make_request(const std::string& id, std::vector<int32_t> prompt, py::handle sampling, int max_tokens,
@@ -134,13 +138,15 @@ void def_request(py::class_<C>& cls, const char* name, Method method, const char
   cls.def(name, [method](C& self, const std::string& id, std::vector<int32_t> prompt, const py::object& sampling,
                          int max_tokens, bool ignore_eos, std::vector<int32_t> stop_token_ids, int n,
                          std::optional<int> prompt_logprobs, std::shared_ptr<Matcher> grammar, std::string cache_salt,
-                         int priority, bool return_progress) {
+                         int priority, bool return_progress, bool write_through) {
     (self.*method)(make_request(id, std::move(prompt), sampling, max_tokens, ignore_eos, std::move(stop_token_ids), n,
-                                prompt_logprobs, std::move(grammar), {std::move(cache_salt), priority, return_progress}));
+                                prompt_logprobs, std::move(grammar),
+                                {std::move(cache_salt), priority, return_progress, write_through}));
   }, py::arg("request_id"), py::arg("prompt"), py::arg("sampling"), py::arg("max_tokens"),
      py::arg("ignore_eos") = false, py::arg("stop_token_ids") = std::vector<int32_t>{}, py::kw_only(),
      py::arg("n") = 1, py::arg("prompt_logprobs") = py::none(), py::arg("grammar") = py::none(),
-     py::arg("cache_salt") = "", py::arg("priority") = 0, py::arg("return_progress") = false, doc);
+     py::arg("cache_salt") = "", py::arg("priority") = 0, py::arg("return_progress") = false,
+     py::arg("write_through") = false, doc);
 }
 
 Request make_embed(const std::string& id, std::vector<int32_t> prompt, const std::string& pooling, bool normalize,

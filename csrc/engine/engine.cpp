@@ -374,6 +374,7 @@ void Engine::add(Request req) {
   seq->normalize = req.normalize;
   seq->priority = req.priority;
   seq->return_progress = req.return_progress;
+  seq->write_through = req.write_through;
   seq->blocks.root = BlockManager::salted_root(req.cache_salt);
   seq->prompt_logprobs = req.prompt_logprobs;
   if (req.prompt_logprobs >= 0) seq->prompt_lp = std::make_shared<std::vector<SampleResult>>();

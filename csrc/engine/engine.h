@@ -117,6 +117,7 @@ struct Request {
   std::string cache_salt;
   int priority = 0;              // lower is served first (scheduler.h)
   bool return_progress = false;  // a progress output (StepOutput::progress) after each step computing its prompt
+  bool write_through = false;    // with a disk tier: the prompt's full blocks are saved once computed
 };
 
 struct StepOutput {

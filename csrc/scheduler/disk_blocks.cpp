@@ -27,6 +27,12 @@ void DiskBlocks::save(int block, uint64_t hash, uint64_t parent, const int32_t* 
   tier_->put(hash, parent, tokens, staging_.data());
 }
 
+void DiskBlocks::save_table(const BlockTable& t, const int32_t* tokens, int first, int end) {
+  const int bs = blocks_.block_size();
+  for (int i = first; i < end && i < (int)t.hashes.size(); i++)
+    save(t.blocks[i], t.hashes[i], i == 0 ? t.root : t.hashes[i - 1], tokens + (size_t)i * bs);
+}
+
 void DiskBlocks::save_cached() {
   blocks_.for_each_cached([this](int b, uint64_t h, uint64_t p, const int32_t* t) { save(b, h, p, t); });
   tier_->flush();

@@ -37,6 +37,9 @@ class DiskBlocks {
   // `seconds` (<= 0: no bound) and while a block reads faster than `compute_s` (<= 0: no bound).
   Promotion promote(const std::vector<int32_t>& tokens, uint64_t root, double seconds, double compute_s);
   void save_cached();  // every cached block no table holds, then waits for the writes
+  // Blocks [first, end) of t (committed: their hashes known) to the tier, written by its thread: a prompt the
+  // client will send again (Request::write_through), saved before any eviction.
+  void save_table(const BlockTable& t, const int32_t* tokens, int first, int end);
   double read_seconds_per_block() const { return read_s_; }  // measured (0 until a read)
   DiskTierStats stats() const { return tier_->stats(); }
 

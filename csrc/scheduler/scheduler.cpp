@@ -53,8 +53,12 @@ void Scheduler::preempt(Sequence* seq) {
 }
 
 void Scheduler::computed(Sequence* seq, int n) {
+  const int committed = seq->blocks.n_committed;
   seq->n_computed += n;
   blocks_.commit(seq->blocks, seq->tokens, seq->n_computed);
+  if (disk_ && seq->write_through)  // the prompt's newly committed blocks go to disk now, not at eviction
+    disk_->save_table(seq->blocks, seq->tokens.data(), committed,
+                      std::min(seq->blocks.n_committed, seq->n_prompt / cfg_.block_size));
   if (seq->checkpoint_slot >= 0) {  // the state within the step, at the prompt's last full block
     checkpoint(seq, seq->checkpoint_at, seq->checkpoint_slot);
     states_->release(seq->checkpoint_slot);

@@ -85,7 +85,8 @@ class Scheduler {
   // The prefix cache's disk tier (owned by the caller; null: none): before a request is admitted, its prompt's
   // blocks the pool no longer holds are promoted from disk (disk_blocks.h), within the step target's time (20 ms
   // without one) while streams run; a request whose promotion is cut short waits for the next step. Not for
-  // hybrid models (their state checkpoints stay in memory).
+  // hybrid models (their state checkpoints stay in memory). A write_through sequence's prompt blocks are saved
+  // as they are computed.
   void set_disk(DiskBlocks* disk) { disk_ = disk; }
   // Prices drafted rows (null: any that fits the rows, the budget and the target is taken).
   void set_row_costs(const RowCosts* costs) { row_costs_ = costs; }

@@ -50,6 +50,7 @@ struct Sequence {
   uint64_t arrival = 0;              // admission order, for preemption (latest goes first)
   int priority = 0;                  // lower is served first (vLLM's `priority`): admission, the step's budget, preemption
   bool return_progress = false;      // an output after each step that computed part of its prompt (StepOutput::progress)
+  bool write_through = false;        // with a disk tier: its prompt's full blocks are saved as they are computed
   int n_cached = -1;                 // prompt tokens found in the prefix cache at first admission (-1: not yet)
   double first_scheduled = 0.0;      // monotonic seconds of the step that first scheduled it (0: not yet)
   // What a request may ask of its prompt rows, each recorded once (a recomputation after preemption skips

@@ -63,7 +63,7 @@ class EngineRequest:
         max_tokens = min(p.max_tokens, _INT32_MAX)  # more is refused as too long all the same, not a TypeError
         return ((self.prompt_token_ids, p.engine_config(), max_tokens, p.ignore_eos, list(p.stop_token_ids)),
                 {"n": p.n, "prompt_logprobs": p.prompt_logprobs, "cache_salt": p.cache_salt or "",
-                 "priority": p.priority, "return_progress": p.return_progress})
+                 "priority": p.priority, "return_progress": p.return_progress, "write_through": p.write_through})
 
     def sample_states(self, tokenizer: Tokenizer) -> list[RequestState]:
         """Each sample's text state (detokenizer, stop strings, logprobs), in index order."""

@@ -37,10 +37,12 @@ class SamplingParams:
     # What the request asks of the scheduler, carried here so that one object bridges the API to the engine
     # (vLLM takes priority as a generate() argument and cache_salt in the prompt): lower priority values are
     # served first (admission, the step's tokens, preemption); requests with different cache salts never share
-    # cached KV blocks (None: the shared cache); return_progress: the stream reports the prompt's progress.
+    # cached KV blocks (None: the shared cache); return_progress: the stream reports the prompt's progress;
+    # write_through: with a disk tier, the prompt's blocks are saved as soon as they are computed.
     priority: int = 0
     cache_salt: Optional[str] = None
     return_progress: bool = False
+    write_through: bool = False  # with a disk tier: the prompt's blocks go to disk once computed (a reused prefix)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

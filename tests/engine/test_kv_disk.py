@@ -8,6 +8,7 @@ import pytest
 
 from pyserve import _engine
 from support.engine_runs import greedy_run as run
+from support.live_server import poll
 
 POOL = 40  # blocks of 16: one 400-token prompt's 25 and little more, so the next prompt evicts it
 
@@ -108,3 +109,16 @@ def test_a_bad_directory_is_refused_at_load(model_path, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="kv cache dir .*cannot create"):
         disk_engine(model_path, tmp_path / "file")
+
+
+def test_a_marked_prompt_is_written_through_at_once(model_path, tmp_path, cold):
+    """A pool large enough that nothing is evicted: an unmarked prompt writes nothing, a marked one its 25
+    full blocks (the last token's too) as they are computed — files another engine then reads."""
+    eng = _engine.Engine(model_path, n_threads=2, kv_cache_dir=str(tmp_path))
+    assert run(eng, "b", B) == (cold["B"], 0)
+    assert eng.stats()["disk_bytes_written"] == 0 and not list(tmp_path.glob("*.kvb"))
+    eng.add("a", A, {"temperature": 0.0}, 4, True, write_through=True)
+    while eng.has_work():
+        eng.step()
+    poll(lambda: len(list(tmp_path.glob("*.kvb"))) == len(A) // 16, what="the prompt's blocks on disk")
+    assert run(disk_engine(model_path, tmp_path), "a", A) == (cold["A"], FULL)  # another engine finds them

@@ -204,11 +204,15 @@ class SamplingRequest(RequestModel):
             logit_bias=self.logit_bias or {}, skip_special_tokens=_or(self.skip_special_tokens, not keep_special),
             structured_outputs=constraint if constraint is not None else self.structured()[0],
             priority=self.priority or 0, cache_salt=self.cache_salt,
-            return_progress=bool(self.stream and self.return_progress))
+            return_progress=bool(self.stream and self.return_progress), write_through=self.write_through())
 
     def logprobs_wanted(self) -> Optional[int]:
         """Alternatives per token (None: no logprobs)."""
         raise NotImplementedError
+
+    def write_through(self) -> bool:
+        """The client says it will send this prompt again (a chat's prompt_cache_key)."""
+        return False
 
     def prompt_logprobs_wanted(self) -> Optional[int]:
         """Alternatives per prompt token (None: no prompt logprobs)."""

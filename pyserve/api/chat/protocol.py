@@ -200,6 +200,9 @@ class _OpenAIChatFields(ChatPrompt):
     parallel_tool_calls: Optional[bool] = None  # default true
     prediction: Optional[dict] = None
     presence_penalty: Penalty = None
+    # OpenAI's: the prompt is one the client will send again — with a disk tier, its prefix is written through
+    # to disk at once (not only when the pool evicts it)
+    prompt_cache_key: Optional[str] = None
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None  # none: no thinking
     response_format: Optional[ResponseFormat] = None
     seed: Seed = None
@@ -261,6 +264,9 @@ class ChatCompletionRequest(SamplingRequest, _OpenAIChatFields):
 
     def logprobs_wanted(self) -> Optional[int]:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def write_through(self) -> bool:
+        return self.prompt_cache_key is not None
 
     def max_new_tokens(self) -> tuple[Optional[int], str]:
         if self.max_completion_tokens is not None:

@@ -21,9 +21,20 @@ def chat_request(req: Union[MessagesRequest, CountTokensRequest]) -> ChatComplet
     body = {"model": req.model, "messages": _system(req.system) + _messages(req.messages)}
     body.update(_tools(req))
     body.update(_thinking(req.thinking))
+    if _marks_cache(req):
+        body["prompt_cache_key"] = "cache_control"  # a breakpoint: the prefix is written through to disk
     if isinstance(req, MessagesRequest):
         body.update(_sampling(req))
     return ChatCompletionRequest.model_validate(body)
+
+
+def _marks_cache(req) -> bool:
+    """Whether any system block, tool or message block carries a cache_control breakpoint."""
+    blocks = list(req.system) if isinstance(req.system, list) else []
+    blocks += list(req.tools or ())
+    for m in req.messages:
+        blocks += [] if isinstance(m.content, str) else m.content
+    return any(getattr(b, "cache_control", None) is not None for b in blocks)
 
 
 def _sampling(req: MessagesRequest) -> dict:

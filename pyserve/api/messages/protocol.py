@@ -21,7 +21,7 @@ _REFUSED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "web
 class TextBlock(RequestModel):
     type: Literal["text"]
     text: str
-    cache_control: Optional[dict] = None  # accepted: pyserve's prefix cache needs no hint
+    cache_control: Optional[dict] = None  # a breakpoint: with a disk tier, the prompt is written through to it
     citations: Optional[list] = None
 
 

@@ -17,6 +17,7 @@ class ResponsesRequest(BaseModel):
     model: Optional[str] = None
     parallel_tool_calls: Optional[bool] = None
     previous_response_id: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
     reasoning: Optional[dict] = None
     store: Optional[bool] = None
     stream: Optional[bool] = None

@@ -76,7 +76,7 @@ def chat_request(req: ResponsesRequest, conversation: list[dict]) -> ChatComplet
             "temperature": req.temperature, "top_p": req.top_p, "tools": _tools(req),
             "tool_choice": _tool_choice(req.tool_choice) if req.tools else None,
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req.text),
-            "reasoning_effort": (req.reasoning or {}).get("effort")}
+            "reasoning_effort": (req.reasoning or {}).get("effort"), "prompt_cache_key": req.prompt_cache_key}
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as e:
