@@ -151,7 +151,7 @@ def test_a_better_priority_overtakes_a_running_stream(server):
     """max_num_seqs 1: a priority-0 request preempts the running priority-5 stream, ends first, and the stream
     then resumes and ends with what it would have said alone."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    kw = dict(model=MODEL, prompt="A story:", max_tokens=60, temperature=0)
+    kw = dict(model=MODEL, prompt="A story:", max_tokens=200, temperature=0)  # long enough to be overtaken
     alone = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
     low = iter(client.completions.create(**kw, stream=True, extra_body={"ignore_eos": True, "priority": 5}))
     text = next(low).choices[0].text
